@@ -1,0 +1,173 @@
+"""The params.yaml schema: one pydantic model per section, validated strictly at load.
+
+Every key is required (params.yaml is the single place defaults live, so DVC tracks them all), an
+unknown key is an error (it is almost always a typo), and each problem is reported on one line::
+
+    params.yaml: warmup.learning_rate: got 'fast', expected a number
+
+Example:
+    >>> p = load_params("params.yaml")   # doctest: +SKIP
+    >>> p.warmup.max_steps               # doctest: +SKIP
+    1500
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from posttrain.errors import UserError
+
+
+class ParamsError(UserError, ValueError):
+    """params.yaml is unreadable or invalid; the message names each bad key on its own line."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JsonlFiles(_Section):
+    train: str = Field(description="path of the training JSONL")
+    dev: str = Field(description="path of the development JSONL")
+    test: str = Field(description="path of the test JSONL")
+
+
+class TaskParams(_Section):
+    source: Literal["synthetic", "jsonl"] = Field(description="generate the arithmetic domain, or ingest JSONL files")
+    jsonl: JsonlFiles | None = Field(description="the user's files when source is jsonl, else null")
+    max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
+    max_operand: int = Field(ge=2, description="synthetic: largest start value and add/sub operand")
+    max_value: int = Field(ge=10, description="synthetic: no intermediate value exceeds this")
+
+
+class PrepareParams(_Section):
+    n_train: int = Field(ge=1, description="synthetic: training questions")
+    n_dev: int = Field(ge=1, description="synthetic: development questions")
+    n_test: int = Field(ge=1, description="synthetic: test questions")
+    on_overlap: Literal["error", "drop"] = Field(
+        description="an id/question shared across splits: stop, or drop it from the later split")
+
+
+class ModelParams(_Section):
+    base: str = Field(min_length=1, description="'scratch', a Hugging Face hub id, or a local model directory")
+    vocab_size: int = Field(ge=64, description="scratch: BPE vocabulary size")
+    hidden_size: int = Field(ge=8, description="scratch: model width")
+    num_layers: int = Field(ge=1, description="scratch: transformer blocks")
+    num_heads: int = Field(ge=1, description="scratch: attention heads (must divide hidden_size)")
+    intermediate_size: int = Field(ge=8, description="scratch: MLP width")
+    max_position: int = Field(ge=64, description="scratch: longest sequence in tokens")
+
+
+class WarmupParams(_Section):
+    max_steps: int = Field(ge=1, description="optimizer steps")
+    batch_size: int = Field(ge=1, description="sequences per device batch")
+    grad_accum: int = Field(ge=1, description="gradient accumulation steps")
+    learning_rate: float = Field(gt=0, description="peak learning rate (cosine schedule)")
+    warmup_ratio: float = Field(ge=0, le=1, description="share of steps spent warming up the learning rate")
+    weight_decay: float = Field(ge=0, description="AdamW weight decay")
+    max_length: int = Field(ge=16, description="truncate training sequences to this many tokens")
+    open_choice_fraction: float = Field(
+        ge=0, le=1, description="share of examples whose prompt leaves the trajectory for the model to name")
+    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point after a kill)")
+    logging_steps: int = Field(ge=1, description="log loss to MLflow every this many steps")
+
+
+class SandboxParams(_Section):
+    cpu_seconds: int = Field(ge=1, description="CPU time per program")
+    wall_seconds: float = Field(gt=0, description="wall time per program")
+    memory_mb: int = Field(ge=32, description="address-space limit per program")
+    workers: int = Field(ge=1, description="programs run at once")
+
+
+class EvaluateParams(_Section):
+    models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
+    n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
+    formats: Literal["all", "own_choice"] | list[str] = Field(
+        description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+    sandbox: SandboxParams
+
+
+class TrackingParams(_Section):
+    uri: str = Field(description="MLflow tracking URI (default: a SQLite file in the repo)")
+    artifact_root: str = Field(description="where a new experiment stores artifacts")
+    experiment: str = Field(min_length=1, description="MLflow experiment name")
+
+
+class Params(_Section):
+    seed: int = Field(description="seeds data generation, model init, training and sampling")
+    task: TaskParams
+    prepare: PrepareParams
+    model: ModelParams
+    warmup: WarmupParams
+    evaluate: EvaluateParams
+    tracking: TrackingParams
+
+
+_EXPECTED = {
+    "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
+    "string_type": "a string", "bool_type": "true or false", "list_type": "a list", "dict_type": "a mapping",
+    "model_type": "a mapping", "missing": "a value (the key is missing)", "extra_forbidden": "no such key",
+}
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+    # Union members (e.g. 'int' in 'int | None') appear in loc; keep only the key path.
+    loc = ".".join(p for p in loc.split(".") if p not in {"int", "float", "str", "list[str]", "JsonlFiles"})
+    kind = err["type"]
+    if kind == "missing":
+        return f"{loc}: missing, expected a value"
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key (got {err['input']!r}); check the spelling against configs/params.smoke.yaml"
+    expected = _EXPECTED.get(kind) or err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
+    return f"{loc}: got {err['input']!r}, expected {expected}"
+
+
+def parse_params(raw: object, source: str = "params.yaml") -> Params:
+    """Validate an already-parsed mapping; raise ParamsError with one line per bad key."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        lines, seen = [], set()
+        for err in e.errors():
+            line = f"{source}: {_describe(err)}"
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
+        raise ParamsError("\n".join(lines)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml; raise ParamsError (YAML syntax errors name line and column)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such file (run from the repository root)") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise ParamsError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    return parse_params(raw, str(path))
+
+
+def flatten(section: BaseModel | dict, prefix: str = "") -> dict[str, object]:
+    """``{'a': {'b': 1}}`` -> ``{'a.b': 1}``, for MLflow params."""
+    data = section.model_dump() if isinstance(section, BaseModel) else section
+    out: dict[str, object] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

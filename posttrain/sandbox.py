@@ -1,0 +1,124 @@
+"""Run model-written Python (the DOTS ``pot`` action) in a separate, limited process.
+
+Layers, each closing a different hole:
+- a fresh interpreter (``python -I -S``) in an empty temporary directory, with an empty environment,
+  so no secret in the parent's environment is visible;
+- kernel resource limits set before exec: CPU seconds, address space, file size, open files;
+- a wall-clock timeout enforced by the parent, which kills the child's whole process group;
+- a Python audit hook installed before the program runs (it cannot be removed afterwards) that
+  refuses sockets, subprocesses, forks, signals, ctypes, file writes or deletions outside the
+  temporary directory, and reads outside it and the standard library;
+- output capped at ``max_output_bytes``.
+
+A program that loops, allocates without bound, raises, or tries any of the above yields
+``SandboxResult(answer=None, reason=...)``; the calling stage never crashes or hangs.
+
+Example:
+    >>> run_program("print(6 * 7)").stdout
+    '42\\n'
+"""
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+_BOOTSTRAP = r"""
+import sys, os
+_tmp = os.getcwd()
+_allowed_read = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, _tmp} if p)
+_blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+            "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv", "pty.", "os.chdir", "os.chmod",
+            "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile")
+_write_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime")
+
+def _inside(path, roots):
+    try:
+        p = os.path.realpath(os.fsdecode(path))
+    except Exception:
+        return False
+    return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
+
+def _hook(event, args):
+    if event.startswith(_blocked):
+        raise PermissionError(f"sandbox: {event} is not allowed")
+    if event in _write_events and not all(_inside(a, (_tmp,)) for a in args if isinstance(a, (str, bytes))):
+        raise PermissionError(f"sandbox: {event} outside the sandbox directory")
+    if event == "open":
+        path, mode, flags = args
+        if isinstance(path, int):
+            return
+        writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & (os.O_WRONLY | os.O_RDWR)
+        if not _inside(path, (_tmp,) if writes else _allowed_read):
+            raise PermissionError(f"sandbox: open({path!r}) outside the sandbox directory")
+
+_code = open("program.py").read()
+sys.addaudithook(_hook)
+del os.environ
+exec(compile(_code, "program.py", "exec"), {"__name__": "__main__"})
+"""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    cpu_seconds: int = 2
+    wall_seconds: float = 5.0
+    memory_mb: int = 256
+    max_output_bytes: int = 4096
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    stdout: str
+    ok: bool
+    reason: str  # "ok", "timeout", "error: <last stderr line>", "output too large", ...
+
+
+def _limit_child(limits: SandboxLimits):
+    def apply() -> None:
+        os.setsid()  # own process group, so a timeout kills everything it started
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
+        mem = limits.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, 1024 * 1024))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def run_program(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Execute ``code`` in the sandbox; never raises for anything the program does."""
+    with tempfile.TemporaryDirectory(prefix="posttrain-sandbox-") as tmp:
+        Path(tmp, "program.py").write_text(code, encoding="utf-8")
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP],
+            cwd=tmp, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_limit_child(limits),
+        )
+        try:
+            out, err = proc.communicate(timeout=limits.wall_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return SandboxResult("", False, "timeout")
+    if len(out) > limits.max_output_bytes:
+        return SandboxResult("", False, "output too large")
+    if proc.returncode != 0:
+        if proc.returncode < 0:
+            return SandboxResult("", False, f"killed by {signal.Signals(-proc.returncode).name}")
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        return SandboxResult("", False, "error: " + (lines[-1][:200] if lines else f"exit {proc.returncode}"))
+    return SandboxResult(out.decode("utf-8", "replace"), True, "ok")
+
+
+def run_programs(codes: list[str], limits: SandboxLimits = SandboxLimits(), workers: int = 2) -> list[SandboxResult]:
+    """Run many programs, at most ``workers`` at once, results in input order."""
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda c: run_program(c, limits), codes))

@@ -1,0 +1,174 @@
+"""The default task: seeded multi-step integer arithmetic with graded difficulty.
+
+A problem is a start value and a chain of operations (``difficulty`` = number of operations), asked
+either in words ("Start with 7. Add 5. ...") or as one nested expression ("Compute ((7 + 5) * 3) - 4.").
+Every intermediate value stays a non-negative integer no larger than ``max_value`` and divisions are
+exact, so a small model can learn the steps and a verifier can check the final integer.
+
+Example:
+    >>> import random
+    >>> p = sample_problem(random.Random(0), difficulty=3, form="expression", max_operand=20, max_value=200)
+    >>> p.answer == p.values()[-1]
+    True
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+Op = Literal["add", "sub", "mul", "div"]
+Form = Literal["words", "expression"]
+
+SYMBOL: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+# Inverse operation, used by the verification action to walk back to the start value.
+INVERSE: dict[str, str] = {"add": "sub", "sub": "add", "mul": "div", "div": "mul"}
+
+# Several phrasings per operation so that "rewrite" (restating the question) carries information.
+_WORDS: dict[str, tuple[str, ...]] = {
+    "add": ("Add {k}.", "Increase it by {k}.", "Then add {k}."),
+    "sub": ("Subtract {k}.", "Take away {k}.", "Decrease it by {k}."),
+    "mul": ("Multiply by {k}.", "Multiply the result by {k}.", "Make it {k} times as large."),
+    "div": ("Divide by {k}.", "Split it into {k} equal parts and keep one.", "Divide the result by {k}."),
+}
+
+
+def apply_op(op: str, x: int, k: int) -> int:
+    """The value after applying ``op`` with operand ``k`` to ``x`` (division is exact by construction)."""
+    if op == "add":
+        return x + k
+    if op == "sub":
+        return x - k
+    if op == "mul":
+        return x * k
+    if op == "div":
+        return x // k
+    raise ValueError(f"unknown operation {op!r}")
+
+
+@dataclass(frozen=True)
+class Step:
+    op: Op
+    operand: int
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One arithmetic chain and the way its question is phrased."""
+
+    start: int
+    steps: tuple[Step, ...]
+    form: Form
+    phrasing: tuple[int, ...] = ()  # template index per step (words form only)
+
+    @property
+    def difficulty(self) -> int:
+        return len(self.steps)
+
+    def values(self) -> list[int]:
+        """Running values: the start, then the value after each step."""
+        out = [self.start]
+        for s in self.steps:
+            out.append(apply_op(s.op, out[-1], s.operand))
+        return out
+
+    @property
+    def answer(self) -> int:
+        return self.values()[-1]
+
+    def expression(self) -> str:
+        """The chain as one fully parenthesised expression, e.g. ``((7 + 5) * 3) - 4``."""
+        text = str(self.start)
+        for i, s in enumerate(self.steps):
+            left = f"({text})" if i > 0 else text
+            text = f"{left} {SYMBOL[s.op]} {s.operand}"
+        return text
+
+    def words(self) -> str:
+        parts = [f"Start with {self.start}."]
+        for i, s in enumerate(self.steps):
+            template = _WORDS[s.op][self.phrasing[i] if i < len(self.phrasing) else 0]
+            parts.append(template.format(k=s.operand))
+        return " ".join(parts) + " What is the result?"
+
+    @property
+    def question(self) -> str:
+        return self.words() if self.form == "words" else f"Compute {self.expression()}."
+
+    def to_fields(self) -> dict:
+        """Domain fields stored beside ``id, question, answer, difficulty`` in the JSONL records."""
+        return {
+            "form": self.form,
+            "start": self.start,
+            "steps": [[s.op, s.operand] for s in self.steps],
+            "phrasing": list(self.phrasing),
+        }
+
+    @classmethod
+    def from_fields(cls, record: dict) -> "Problem":
+        return cls(
+            start=int(record["start"]),
+            steps=tuple(Step(op, int(k)) for op, k in record["steps"]),
+            form=record["form"],
+            phrasing=tuple(record.get("phrasing") or ()),
+        )
+
+
+def _feasible_steps(x: int, max_operand: int, max_value: int) -> list[Step]:
+    """All operations that keep the running value a non-negative integer <= max_value."""
+    steps: list[Step] = []
+    steps += [Step("add", k) for k in range(1, max_operand + 1) if x + k <= max_value]
+    steps += [Step("sub", k) for k in range(1, min(max_operand, x) + 1)]
+    steps += [Step("mul", k) for k in range(2, 10) if x * k <= max_value]
+    steps += [Step("div", k) for k in range(2, 10) if x > 0 and x % k == 0 and x // k > 0]
+    return steps
+
+
+def sample_problem(
+    rng: random.Random, difficulty: int, form: Form, max_operand: int, max_value: int
+) -> Problem:
+    """Draw one problem with ``difficulty`` operations; the operation type is drawn first, uniformly
+    among the feasible ones, so multiplication and division are not drowned out by add/sub."""
+    start = rng.randint(1, max_operand)
+    x, steps = start, []
+    for _ in range(difficulty):
+        feasible = _feasible_steps(x, max_operand, max_value)
+        by_op: dict[str, list[Step]] = {}
+        for s in feasible:
+            by_op.setdefault(s.op, []).append(s)
+        op = rng.choice(sorted(by_op))
+        step = rng.choice(by_op[op])
+        steps.append(step)
+        x = apply_op(step.op, x, step.operand)
+    phrasing = tuple(rng.randrange(len(_WORDS[s.op])) for s in steps) if form == "words" else ()
+    return Problem(start=start, steps=tuple(steps), form=form, phrasing=phrasing)
+
+
+def generate_problems(
+    n: int, seed: int, difficulties: range, max_operand: int, max_value: int,
+    forms: tuple[Form, ...] = ("words", "expression"),
+) -> list[Problem]:
+    """``n`` problems with distinct question texts, balanced over difficulties and forms.
+
+    Raises ``ValueError`` when the space of distinct questions is too small for ``n``.
+    """
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out: list[Problem] = []
+    attempts = 0
+    while len(out) < n:
+        i = len(out)
+        difficulty = difficulties[i % len(difficulties)]
+        form = forms[(i // len(difficulties)) % len(forms)]
+        p = sample_problem(rng, difficulty, form, max_operand, max_value)
+        attempts += 1
+        if p.question in seen:
+            if attempts > 50 * n:
+                raise ValueError(
+                    f"could only make {len(out)} distinct questions of {n}: raise task.max_operand "
+                    f"or task.max_value, or lower the split sizes"
+                )
+            continue
+        seen.add(p.question)
+        out.append(p)
+    return out

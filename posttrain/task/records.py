@@ -1,0 +1,93 @@
+"""Task records: the JSONL schema every dataset goes through, ingest with row-level errors, splits.
+
+A record is one JSON object per line with at least ``id, question, answer, difficulty``; domain
+fields (``form``, ``start``, ``steps``...) ride along untouched. A bad row stops the ingest with
+``file:line: field: problem``; an id or question that appears in two splits is reported by name.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from posttrain.errors import UserError
+
+
+class DataError(UserError, ValueError):
+    """A dataset problem, phrased so that the user can find and fix the row."""
+
+
+class Record(BaseModel):
+    """One task question with its verifiable integer answer."""
+
+    model_config = ConfigDict(extra="allow", strict=False)
+
+    id: str = Field(min_length=1, description="unique within the dataset")
+    question: str = Field(min_length=1, description="the question text shown to the model")
+    answer: int = Field(description="the integer the verifier compares against")
+    difficulty: int = Field(ge=1, description="1 = easiest; for the default task, the number of operations")
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is blank")
+        return v
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _integral(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("must be an integer, got a boolean")
+        if isinstance(v, float) and not v.is_integer():
+            raise ValueError(f"must be an integer, got {v}")
+        return v
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Read and validate a JSONL file; raise DataError naming ``file:line: field: problem``."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    records: list[dict] = []
+    ids: dict[str, int] = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: (row): not valid JSON: {e.msg} at column {e.colno}") from None
+            if not isinstance(raw, dict):
+                raise DataError(f"{path}:{lineno}: (row): expected a JSON object, got {type(raw).__name__}")
+            try:
+                rec = Record.model_validate(raw)
+            except ValidationError as e:
+                err = e.errors()[0]
+                field = ".".join(str(p) for p in err["loc"]) or "(row)"
+                problem = "missing" if err["type"] == "missing" else f"{err['msg']} (got {err.get('input')!r})"
+                raise DataError(f"{path}:{lineno}: {field}: {problem}") from None
+            if rec.id in ids:
+                raise DataError(f"{path}:{lineno}: id: duplicate id {rec.id!r} (first on line {ids[rec.id]})")
+            ids[rec.id] = lineno
+            records.append(rec.model_dump())
+    if not records:
+        raise DataError(f"{path}: no records")
+    return records
+
+
+def find_split_overlaps(splits: dict[str, list[dict]]) -> list[str]:
+    """Human-readable lines for every id or question shared by two splits (empty when clean)."""
+    problems: list[str] = []
+    names = list(splits)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for key in ("id", "question"):
+                shared = {r[key] for r in splits[a]} & {r[key] for r in splits[b]}
+                for value in sorted(shared)[:5]:
+                    problems.append(f"{key} {value!r} is in both {a} and {b}")
+                if len(shared) > 5:
+                    problems.append(f"... and {len(shared) - 5} more {key}s shared by {a} and {b}")
+    return problems

@@ -1,0 +1,57 @@
+"""Final-answer extraction from free text and comparison with the reference integer.
+
+The convention the models are trained on is a last line ``Answer: 42``; the parser also accepts the
+forms models and judges write in the wild (``**Answer:** 1,234``, ``\\boxed{42}``, ``The answer is 42.``,
+``-7``, ``42.0``) and takes the last one, so a model that revises itself is judged on its final word.
+
+Example:
+    >>> extract_answer("Step 1: 2 + 2 = 4\\nAnswer: 4")
+    4
+    >>> is_correct("answer: 1,000.", 1000)
+    True
+"""
+from __future__ import annotations
+
+import re
+
+_NUMBER = r"[-+\u2212]?\d[\d,]*(?:\.\d+)?"
+_PATTERNS = [
+    re.compile(r"answer\s*(?:is)?\s*[:=]?\s*\**\s*(?:is\s*)?\$?\s*(" + _NUMBER + r")", re.IGNORECASE),
+    re.compile(r"\\boxed\{\s*(" + _NUMBER + r")\s*\}"),
+]
+
+
+def parse_integer(text: str) -> int | None:
+    text = text.replace(",", "").replace("\u2212", "-")
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not value.is_integer() or abs(value) > 1e15:
+        return None
+    return int(value)
+
+
+def extract_answer(text: str | None) -> int | None:
+    """The last stated final answer in ``text`` as an integer, or None when there is none.
+
+    Only an explicit answer marker counts (``Answer:``, ``answer is``, ``\\boxed{}``): a number
+    somewhere in the reasoning is not an answer. Non-integer answers give None.
+    """
+    if not text:
+        return None
+    best: tuple[int, str] | None = None
+    for pattern in _PATTERNS:
+        for m in pattern.finditer(text):
+            if best is None or m.start() >= best[0]:
+                best = (m.start(), m.group(1))
+    if best is None:
+        return None
+    # A trailing thousands separator or sentence period is not part of the number.
+    return parse_integer(best[1].rstrip(",."))
+
+
+def is_correct(text: str | None, answer: int) -> bool:
+    """Whether the final answer stated in ``text`` equals ``answer``."""
+    got = extract_answer(text)
+    return got is not None and got == int(answer)

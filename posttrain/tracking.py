@@ -1,0 +1,97 @@
+"""MLflow lineage: every stage execution is one run carrying its code, data and parameter identity.
+
+Tags on each run: ``posttrain.stage``, ``git.commit``, ``git.dirty``, and for each DVC dependency and
+output of the stage ``dvc.dep.<path>`` / ``dvc.out.<path>`` = its md5, computed with DVC's own hashing
+(so the values are the ones ``dvc.lock`` records). When ``POSTTRAIN_PARENT_RUN_ID`` is set (the Prefect
+flow sets it) the run nests under that pipeline run.
+
+Example:
+    >>> with stage_run("prepare", params, sections=["seed", "task", "prepare"]) as run:   # doctest: +SKIP
+    ...     mlflow.log_metric("n_train", 3000)
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from posttrain.params import Params, flatten
+
+PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
+log = logging.getLogger(__name__)
+
+
+def configure(params: Params) -> str:
+    """Point MLflow at the configured store and experiment; return the experiment id."""
+    uri = params.tracking.uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(params.tracking.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    root = params.tracking.artifact_root
+    location = root if "://" in root else Path(root).resolve().as_uri()
+    try:
+        return client.create_experiment(params.tracking.experiment, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created concurrently by another stage
+        return client.get_experiment_by_name(params.tracking.experiment).experiment_id
+
+
+def git_state() -> dict[str, str]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    # dvc.lock and generated outputs change during a repro; only source changes make a run dirty.
+    status = [ln for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()
+              if not ln[3:].startswith("dvc.lock")]
+    return {"git.commit": commit, "git.dirty": str(bool(status)).lower()}
+
+
+def dvc_hashes(stage: str, which: str) -> dict[str, str]:
+    """md5 of each dep or out of ``stage`` as DVC computes it ({} outside a DVC repo)."""
+    try:
+        from dvc.repo import Repo
+
+        with Repo(".") as repo:
+            (st,) = repo.stage.collect(stage)
+            items = st.deps if which == "dep" else st.outs
+            out = {}
+            for item in items:
+                if not hasattr(item, "get_hash") or item.__class__.__name__ == "ParamsDependency":
+                    continue
+                if not item.exists:
+                    continue
+                out[f"dvc.{which}.{item.def_path}"] = item.get_hash().value
+            return out
+    except Exception as e:  # lineage must never break a stage; say what is missing instead
+        log.warning("could not compute DVC %s hashes for stage %s: %s", which, stage, e)
+        return {}
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Params, sections: list[str]):
+    """One MLflow run for this stage execution; failed runs are marked FAILED, outs hashed on success."""
+    experiment_id = configure(params)
+    parent = os.environ.get(PARENT_ENV)
+    tags = {"posttrain.stage": stage, **git_state(), **dvc_hashes(stage, "dep")}
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    with mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags) as run:
+        logged = {}
+        for name in sections:
+            value = getattr(params, name)
+            logged.update(flatten(value, f"{name}.") if hasattr(value, "model_dump") else {name: value})
+        mlflow.log_params({k: str(v)[:6000] for k, v in logged.items()})
+        yield run
+        mlflow.set_tags(dvc_hashes(stage, "out"))

@@ -1,0 +1,90 @@
+"""Stage `prepare`: make the synthetic task (or ingest the user's JSONL) into train/dev/test splits.
+
+Outputs data/prepared/{train,dev,test}.jsonl and data/prepared/summary.json (counts per split and
+difficulty). No question or id is shared between splits.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import mlflow
+
+from posttrain.atomic import atomic_dir
+from posttrain.errors import stage_main
+from posttrain.params import Params, PrepareParams, TaskParams, load_params
+from posttrain.task.arithmetic import generate_problems
+from posttrain.task.records import DataError, find_split_overlaps, read_records
+from posttrain.tracking import stage_run
+
+OUT = "data/prepared"
+SPLITS = ("train", "dev", "test")
+
+
+def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[str, list[dict]]:
+    """Distinct arithmetic questions, balanced by difficulty and form, cut into the three splits."""
+    sizes = {"train": prep.n_train, "dev": prep.n_dev, "test": prep.n_test}
+    problems = generate_problems(
+        sum(sizes.values()), seed, range(1, task.max_difficulty + 1), task.max_operand, task.max_value
+    )
+    splits, start = {}, 0
+    for name in SPLITS:
+        chunk = problems[start:start + sizes[name]]
+        start += sizes[name]
+        splits[name] = [
+            {"id": f"{name}-{i:06d}", "question": p.question, "answer": p.answer, "difficulty": p.difficulty,
+             **p.to_fields()}
+            for i, p in enumerate(chunk)
+        ]
+    return splits
+
+
+def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str, list[dict]]:
+    """Stop on ids/questions shared across splits, or drop them from the later split."""
+    problems = find_split_overlaps(splits)
+    if not problems:
+        return splits
+    if on_overlap == "error":
+        raise DataError("splits overlap (set prepare.on_overlap: drop to drop them):\n  " + "\n  ".join(problems))
+    seen_ids: set[str] = set()
+    seen_questions: set[str] = set()
+    cleaned = {}
+    for name in SPLITS:
+        kept = [r for r in splits[name] if r["id"] not in seen_ids and r["question"] not in seen_questions]
+        print(f"prepare: dropped {len(splits[name]) - len(kept)} overlapping records from {name}")
+        seen_ids |= {r["id"] for r in kept}
+        seen_questions |= {r["question"] for r in kept}
+        cleaned[name] = kept
+    return cleaned
+
+
+def prepare(params: Params) -> dict[str, list[dict]]:
+    task = params.task
+    if task.source == "synthetic":
+        splits = synthetic_splits(task, params.prepare, params.seed)
+    else:
+        if task.jsonl is None:
+            raise DataError("task.jsonl: task.source is jsonl but no files are given ({train, dev, test})")
+        splits = {name: read_records(getattr(task.jsonl, name)) for name in SPLITS}
+    return resolve_overlaps(splits, params.prepare.on_overlap)
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    with stage_run("prepare", params, sections=["seed", "task", "prepare"]):
+        splits = prepare(params)
+        summary = {name: {"n": len(rs), "by_difficulty": dict(sorted(Counter(r["difficulty"] for r in rs).items()))}
+                   for name, rs in splits.items()}
+        with atomic_dir(OUT) as tmp:
+            for name, rs in splits.items():
+                (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs), encoding="utf-8")
+            (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        mlflow.log_metrics({f"n_{name}": len(rs) for name, rs in splits.items()})
+        mlflow.log_dict(summary, "summary.json")
+        counts = ", ".join(f"{name}={len(rs)}" for name, rs in splits.items())
+        print(f"prepare: wrote {counts} to {OUT}/")
+
+
+if __name__ == "__main__":
+    main()
