@@ -109,7 +109,7 @@ class Params(_Section):
 
 
 _EXPECTED = {
-    "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer", "float_type": "a number", "float_parsing": "a number",
     "string_type": "a string", "bool_type": "true or false", "list_type": "a list", "dict_type": "a mapping",
     "model_type": "a mapping", "missing": "a value (the key is missing)", "extra_forbidden": "no such key",
 }

@@ -71,7 +71,7 @@ def sft_config(cfg: WarmupParams, output_dir: Path, seed: int) -> SFTConfig:
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
         max_length=cfg.max_length, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
         save_total_limit=2, seed=seed, data_seed=seed, use_cpu=True, report_to=["mlflow"],
-        dataloader_num_workers=0, disable_tqdm=False,
+        dataloader_num_workers=0, train_sampling_strategy="group_by_length", dataset_num_proc=2,
     )
 
 
@@ -94,8 +94,7 @@ def main() -> None:
             train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
         )
         result = trainer.train(resume_from_checkpoint=resume)
-        n_tokens = trainer.state.num_input_tokens_seen or sum(
-            log.get("num_tokens", 0) for log in trainer.state.log_history[-1:])
+        n_tokens = max((log.get("num_tokens", 0) for log in trainer.state.log_history), default=0)
         tokens_per_s = n_tokens / max(result.metrics["train_runtime"], 1e-9)
         mlflow.log_metrics({"train_tokens": n_tokens, "train_tokens_per_s": tokens_per_s,
                             "final_loss": result.metrics["train_loss"], "n_examples": len(examples)})

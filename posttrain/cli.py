@@ -1,0 +1,71 @@
+"""The ``posttrain`` command.
+
+    posttrain run [STAGE ...]      run the pipeline through Prefect (DVC skips unchanged stages)
+    posttrain check-params [FILE]  validate params.yaml (or FILE) and print every problem
+    posttrain ui mlflow|prefect    open the MLflow or Prefect UI on this repository's stores
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from posttrain.params import ParamsError, load_params
+
+PREFECT_HOME = ".prefect"
+
+
+def _prefect_env() -> None:
+    """Keep Prefect's state in the repository (git-ignored) unless the user points elsewhere."""
+    os.environ.setdefault("PREFECT_HOME", os.path.abspath(PREFECT_HOME))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the pipeline as a Prefect flow")
+    run.add_argument("stages", nargs="*", help="only these stages (default: all)")
+    check = sub.add_parser("check-params", help="validate a params file")
+    check.add_argument("file", nargs="?", default="params.yaml")
+    ui = sub.add_parser("ui", help="start a UI on loopback")
+    ui.add_argument("which", choices=["mlflow", "prefect"])
+    ui.add_argument("--port", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    if args.command == "check-params":
+        try:
+            load_params(args.file)
+        except ParamsError as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"{args.file}: ok")
+        return 0
+    if args.command == "run":
+        _prefect_env()
+        from flows.pipeline import pipeline
+
+        try:
+            result = pipeline(args.stages or None)
+        except ParamsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for stage in result["stages"]:
+            print(f"{stage['stage']}: {'ran' if stage['ran'] else 'unchanged'} ({stage['seconds']} s)")
+        for model, summary in result["metrics"].items():
+            print(f"{model}: test accuracy {summary['accuracy']:.3f}")
+        return 0
+    if args.which == "mlflow":
+        params = load_params()
+        port = str(args.port or 5000)
+        cmd = ["mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1", "--port", port]
+    else:
+        _prefect_env()
+        cmd = ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(args.port or 4200)]
+    print(" ".join(cmd))
+    return subprocess.call(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The arithmetic domain, the reference responses for all 12 trajectories, and their scoring."""
+import random
+
+import pytest
+
+from posttrain.evaluation import score_responses
+from posttrain.task.arithmetic import Problem, Step, generate_problems, sample_problem
+from posttrain.task.solutions import render_response
+from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, prompt, split_choice
+
+
+def test_generation_is_seeded_distinct_and_balanced():
+    a = generate_problems(120, seed=7, difficulties=range(1, 7), max_operand=20, max_value=200)
+    b = generate_problems(120, seed=7, difficulties=range(1, 7), max_operand=20, max_value=200)
+    assert [p.question for p in a] == [p.question for p in b]
+    assert len({p.question for p in a}) == 120
+    assert {p.difficulty for p in a} == set(range(1, 7))
+    assert {p.form for p in a} == {"words", "expression"}
+    c = generate_problems(120, seed=8, difficulties=range(1, 7), max_operand=20, max_value=200)
+    assert [p.question for p in a] != [p.question for p in c]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_values_stay_in_range_and_divisions_are_exact(seed):
+    p = sample_problem(random.Random(seed), difficulty=6, form="words", max_operand=20, max_value=200)
+    values = p.values()
+    assert len(p.steps) == 6 and all(0 <= v <= 200 for v in values)
+    for s, before in zip(p.steps, values):
+        if s.op == "div":
+            assert before % s.operand == 0
+    assert p.answer == values[-1]
+
+
+def test_expression_evaluates_to_the_answer():
+    for p in generate_problems(60, seed=3, difficulties=range(1, 7), max_operand=20, max_value=200):
+        assert eval(p.expression().replace("/", "//")) == p.answer  # noqa: S307 (our own generated text)
+
+
+def test_too_small_a_space_is_an_error():
+    with pytest.raises(ValueError, match="distinct questions"):
+        generate_problems(500, seed=0, difficulties=range(1, 2), max_operand=2, max_value=10)
+
+
+def test_twelve_distinct_trajectories_with_parseable_names():
+    assert len(TRAJECTORIES) == 12 and len(BY_NAME) == 12
+    for t in TRAJECTORIES:
+        assert Trajectory.from_name(t.name) == t
+    assert Trajectory.from_name("cot").n_actions == 1
+    assert Trajectory.from_name("decompose+pot+verify").n_actions == 3
+    for bad in ["", "cot+pot", "verify+cot", "rewrite", "cot+banana"]:
+        with pytest.raises(ValueError):
+            Trajectory.from_name(bad)
+
+
+def test_open_prompt_round_trip():
+    t = BY_NAME["rewrite+cot+verify"]
+    assert prompt("Q?") + f" {t.name}\n" == prompt("Q?", t)
+    chosen, rest = split_choice(" rewrite+cot+verify\nStep 1: ...")
+    assert chosen == t and rest == "Step 1: ..."
+    assert split_choice("garbage\nAnswer: 3")[0] is None
+
+
+def test_every_reference_response_is_scored_correct():
+    """Reference responses of all 12 trajectories, pot programs run in the sandbox, are all correct."""
+    problems = generate_problems(12, seed=5, difficulties=range(1, 7), max_operand=20, max_value=200)
+    records = [{"id": str(i), "answer": p.answer, "difficulty": p.difficulty} for i, p in enumerate(problems)]
+    recs, fmts, texts = [], [], []
+    for rec, p in zip(records, problems):
+        for t in TRAJECTORIES:
+            recs.append(rec)
+            fmts.append(t.name)
+            texts.append(render_response(p, t))
+        recs.append(rec)
+        fmts.append("own_choice")
+        texts.append(" decompose+pot\n" + render_response(p, BY_NAME["decompose+pot"]))
+    rows = score_responses(recs, fmts, texts)
+    wrong = [(r["format"], r["reason"]) for r in rows if not r["correct"]]
+    assert not wrong
+
+
+def test_wrong_response_is_scored_wrong():
+    p = Problem(start=7, steps=(Step("add", 5), Step("mul", 3)), form="words")
+    wrong_program = render_response(p, BY_NAME["pot"]).replace("x * 3", "x * 4")
+    rows = score_responses([{"id": "a", "answer": p.answer, "difficulty": 2}] * 3, ["cot", "pot", "pot+verify"],
+                           ["Answer: 35", wrong_program, render_response(p, BY_NAME["pot+verify"]).replace("== 7", "== 8")])
+    assert [r["correct"] for r in rows] == [False, False, False]
+    assert rows[2]["reason"].startswith("error: AssertionError")

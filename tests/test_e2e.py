@@ -1,0 +1,149 @@
+"""End to end on the smoke profile, in a copy of the repository: `dvc repro`, lineage in MLflow,
+caching (a second repro runs nothing), warm-up resume after a kill, and the Prefect flow."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["prepare", "base_model", "warmup", "evaluate"]
+pytestmark = pytest.mark.e2e
+
+
+def _env(tmp: Path) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["PREFECT_HOME"] = str(tmp / ".prefect")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env.pop("POSTTRAIN_PARENT_RUN_ID", None)
+    return env
+
+
+def smoke_repo(tmp: Path) -> Path:
+    """A git repository holding the project's files with the smoke profile as params.yaml."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    repo = tmp / "repo"
+    for f in files:
+        if (ROOT / f).is_file():
+            (repo / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, repo / f)
+    shutil.copy(repo / "configs/params.smoke.yaml", repo / "params.yaml")
+    (repo / "dvc.lock").unlink(missing_ok=True)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke"]):
+        subprocess.run(cmd, cwd=repo, check=True)
+    return repo
+
+
+def run(cmd: list[str], repo: Path, timeout: int = 900) -> str:
+    proc = subprocess.run(cmd, cwd=repo, env=_env(repo.parent), capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def mlflow_runs(repo: Path) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow/mlflow.db")
+    exp = client.get_experiment_by_name("posttrain")
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    repo = smoke_repo(tmp_path_factory.mktemp("dvc"))
+    start = time.perf_counter()
+    out = run(["dvc", "repro"], repo)
+    print(f"smoke dvc repro: {time.perf_counter() - start:.1f} s")
+    return repo, out
+
+
+def test_repro_writes_every_output(repro):
+    repo, out = repro
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in out
+    for split in ("train", "dev", "test"):
+        assert (repo / f"data/prepared/{split}.jsonl").stat().st_size > 0
+    for model in ("base", "warmup"):
+        assert (repo / f"models/{model}/config.json").is_file()
+        assert (repo / f"models/{model}/tokenizer.json").is_file()
+    metrics = json.loads((repo / "reports/metrics/evaluate.json").read_text())
+    summary = metrics["warmup"]
+    assert 0 <= summary["accuracy"] <= 1 and summary["mean_response_tokens"] > 0
+    assert len(summary["by_format"]) == 13 and set(summary["by_difficulty"]) <= {str(d) for d in range(1, 7)}
+    assert (repo / "reports/plots/accuracy_by_difficulty.csv").read_text().startswith("difficulty,accuracy")
+    assert (repo / "reports/evaluate/accuracy_by_difficulty.png").stat().st_size > 1000
+    rows = [json.loads(line) for line in (repo / "reports/evaluate/responses.jsonl").open()]
+    assert len(rows) == 13 * 12 and {"response", "predicted", "correct", "reason"} <= set(rows[0])
+
+
+def test_one_mlflow_run_per_stage_with_lineage(repro):
+    repo, _ = repro
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    runs = mlflow_runs(repo)
+    by_stage = {}
+    for r in runs:
+        by_stage.setdefault(r.data.tags["posttrain.stage"], []).append(r)
+    assert sorted(by_stage) == sorted(STAGES)
+    for stage in STAGES:
+        (r,) = by_stage[stage]
+        tags = r.data.tags
+        assert r.info.status == "FINISHED"
+        assert tags["git.commit"] == commit and tags["git.dirty"] == "false"
+        for kind in ("deps", "outs"):
+            for entry in lock[stage][kind]:
+                assert tags[f"dvc.{kind[:-1]}.{entry['path']}"] == entry["md5"], (stage, entry["path"])
+        assert any(k.startswith(f"{stage}.") or k == "seed" for k in r.data.params)
+    warmup = by_stage["warmup"][0]
+    assert "loss" in warmup.data.metrics and warmup.data.metrics["train_tokens_per_s"] > 0
+
+
+def test_second_repro_runs_nothing(repro):
+    repo, _ = repro
+    out = run(["dvc", "repro"], repo)
+    assert "Running stage" not in out
+    assert run(["dvc", "status"], repo).strip().endswith("Data and pipelines are up to date.")
+
+
+def test_warmup_resumes_after_a_kill(repro):
+    repo, _ = repro
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["warmup"]["max_steps"] = 60
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = subprocess.Popen(["dvc", "repro", "warmup"], cwd=repo, env=_env(repo.parent),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while not list((repo / "checkpoints/warmup").glob("*/checkpoint-20")) and time.time() < deadline:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list((repo / "checkpoints/warmup").glob("*/checkpoint-*")), "no checkpoint before the kill"
+    out = run(["dvc", "repro", "warmup"], repo)
+    assert "warmup: resuming from" in out and "checkpoint-" in out
+    assert not list((repo / "checkpoints/warmup").glob("*")), "checkpoints are cleaned after success"
+
+
+def test_prefect_flow_runs_the_pipeline(tmp_path):
+    repo = smoke_repo(tmp_path)
+    out = run([sys.executable, "-m", "flows.pipeline"], repo)
+    assert "warmup: test accuracy" in out
+    runs = mlflow_runs(repo)
+    (parent,) = [r for r in runs if r.data.tags["posttrain.stage"] == "pipeline"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["posttrain.stage"] for r in children) == sorted(STAGES)
+    assert parent.info.status == "FINISHED" and "warmup.accuracy" in parent.data.metrics
+    # run again: every task finds its stage unchanged
+    out = run([sys.executable, "-m", "flows.pipeline"], repo)
+    assert out.count("unchanged, skipped") == len(STAGES)

@@ -1,0 +1,81 @@
+"""params.yaml validation: one line per bad key, naming the key path, the bad value and the expectation."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posttrain.cli import main as cli
+from posttrain.params import ParamsError, load_params, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def raw(profile="params.yaml"):
+    return yaml.safe_load((ROOT / profile).read_text())
+
+
+@pytest.mark.parametrize("profile", ["params.yaml", "configs/params.smoke.yaml"])
+def test_shipped_profiles_are_valid_and_complete(profile):
+    p = load_params(ROOT / profile)
+    assert p.task.source == "synthetic" and p.evaluate.models
+
+
+def test_profiles_have_the_same_keys():
+    def keys(d, prefix=""):
+        return {prefix + k for k in d} | {x for k, v in d.items() if isinstance(v, dict) for x in keys(v, f"{prefix}{k}.")}
+    assert keys(raw()) == keys(raw("configs/params.smoke.yaml"))
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda r: r["warmup"].update(learning_rate="fast"), "params.yaml: warmup.learning_rate: got 'fast', expected a number"),
+    (lambda r: r["warmup"].update(lr=0.1), "params.yaml: warmup.lr: unknown key (got 0.1)"),
+    (lambda r: r["model"].pop("hidden_size"), "params.yaml: model.hidden_size: missing, expected a value"),
+    (lambda r: r.pop("tracking"), "params.yaml: tracking: missing"),
+    (lambda r: r["evaluate"]["sandbox"].update(workers=[2]), "params.yaml: evaluate.sandbox.workers: got [2], expected an integer"),
+    (lambda r: r["evaluate"].update(n_test="many"), "params.yaml: evaluate.n_test: got 'many', expected an integer"),
+    (lambda r: r["task"].update(source="csv"), "params.yaml: task.source: got 'csv', expected 'synthetic' or 'jsonl'"),
+    (lambda r: r["warmup"].update(warmup_ratio=1.5), "params.yaml: warmup.warmup_ratio: got 1.5, expected less than or equal to 1"),
+    (lambda r: r.update(seed=1.5), "params.yaml: seed: got 1.5, expected an integer"),
+])
+def test_bad_keys_are_named_on_one_line(mutate, expected):
+    r = raw()
+    mutate(r)
+    with pytest.raises(ParamsError) as e:
+        parse_params(r)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(expected), lines[0]
+
+
+def test_every_problem_is_reported():
+    r = raw()
+    r["warmup"]["max_steps"] = "x"
+    r["model"]["vocab"] = 3
+    with pytest.raises(ParamsError) as e:
+        parse_params(r)
+    assert len(str(e.value).splitlines()) == 2
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("seed: 1\ntask: [unclosed\n")
+    with pytest.raises(ParamsError, match=r"params.yaml:\d+:\d+: not valid YAML"):
+        load_params(bad)
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ParamsError, match="no such file"):
+        load_params(tmp_path / "nope.yaml")
+    (tmp_path / "p.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ParamsError, match="expected a mapping"):
+        load_params(tmp_path / "p.yaml")
+
+
+def test_check_params_command(tmp_path, capsys):
+    assert cli(["check-params", str(ROOT / "params.yaml")]) == 0
+    r = raw()
+    r["prepare"]["n_train"] = -1
+    bad = tmp_path / "p.yaml"
+    bad.write_text(yaml.safe_dump(r))
+    assert cli(["check-params", str(bad)]) == 2
+    assert "prepare.n_train: got -1, expected greater than or equal to 1" in capsys.readouterr().err

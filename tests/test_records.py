@@ -1,0 +1,80 @@
+"""JSONL ingest: a bad row stops with file:line: field: problem; split overlaps are reported."""
+import json
+
+import pytest
+
+from posttrain.params import JsonlFiles, load_params
+from posttrain.task.records import DataError, find_split_overlaps, read_records
+from stages.prepare import prepare, resolve_overlaps, synthetic_splits
+
+GOOD = {"id": "a", "question": "Compute 1 + 1.", "answer": 2, "difficulty": 1}
+
+
+def write(tmp_path, rows, name="data.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_reads_good_rows_and_keeps_domain_fields(tmp_path):
+    path = write(tmp_path, [GOOD, "\n", {**GOOD, "id": "b", "form": "words", "answer": 3.0}])
+    rows = read_records(path)
+    assert [r["id"] for r in rows] == ["a", "b"] and rows[1]["form"] == "words" and rows[1]["answer"] == 3
+
+
+@pytest.mark.parametrize("row, message", [
+    ('{"id": "x", "question": ', ":2: (row): not valid JSON"),
+    ("[1, 2]\n", ":2: (row): expected a JSON object"),
+    ({**GOOD, "id": "b", "answer": "seven"}, ":2: answer: "),
+    ({**GOOD, "id": "b", "answer": 2.5}, ":2: answer: "),
+    ({**GOOD, "id": "b", "answer": True}, ":2: answer: "),
+    ({**GOOD, "id": "b", "difficulty": 0}, ":2: difficulty: "),
+    ({"id": "b", "answer": 1, "difficulty": 1}, ":2: question: missing"),
+    ({**GOOD, "id": "b", "question": "   "}, ":2: question: "),
+    ({**GOOD, "id": ""}, ":2: id: "),
+    (GOOD, ":2: id: duplicate id 'a' (first on line 1)"),
+])
+def test_bad_row_names_file_line_and_field(tmp_path, row, message):
+    path = write(tmp_path, [GOOD, row])
+    with pytest.raises(DataError) as e:
+        read_records(path)
+    assert str(e.value).startswith(f"{path}{message}"), str(e.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        read_records(tmp_path / "none.jsonl")
+    with pytest.raises(DataError, match="no records"):
+        read_records(write(tmp_path, ["\n"]))
+
+
+def test_overlaps_reported_or_dropped():
+    splits = {"train": [GOOD, {**GOOD, "id": "c", "question": "Q2"}],
+              "dev": [{**GOOD, "id": "d"}], "test": [{**GOOD, "id": "c", "question": "Q3"}]}
+    problems = find_split_overlaps(splits)
+    assert "question 'Compute 1 + 1.' is in both train and dev" in problems
+    assert "id 'c' is in both train and test" in problems
+    with pytest.raises(DataError, match="splits overlap"):
+        resolve_overlaps(splits, "error")
+    cleaned = resolve_overlaps(splits, "drop")
+    assert len(cleaned["train"]) == 2 and cleaned["dev"] == [] and cleaned["test"] == []
+
+
+def test_synthetic_splits_share_nothing():
+    p = load_params("configs/params.smoke.yaml")
+    splits = synthetic_splits(p.task, p.prepare, p.seed)
+    assert not find_split_overlaps(splits)
+    assert [len(splits[s]) for s in ("train", "dev", "test")] == [p.prepare.n_train, p.prepare.n_dev, p.prepare.n_test]
+
+
+def test_jsonl_source_goes_through_the_same_path(tmp_path):
+    files = {s: write(tmp_path, [{**GOOD, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
+             for s in ("train", "dev", "test")}
+    p = load_params("configs/params.smoke.yaml")
+    jsonl = JsonlFiles(**{k: str(v) for k, v in files.items()})
+    p = p.model_copy(update={"task": p.task.model_copy(update={"source": "jsonl", "jsonl": jsonl})})
+    splits = prepare(p)
+    assert splits["dev"][0]["id"] == "dev1"
+    write(tmp_path, [{**GOOD, "id": "t9", "question": "train question"}], "test.jsonl")
+    with pytest.raises(DataError, match="question 'train question' is in both train and test"):
+        prepare(p)

@@ -1,0 +1,50 @@
+"""The sandbox turns misbehaving programs into "no answer" with a reason; the host is unaffected."""
+import os
+
+import pytest
+
+from posttrain.sandbox import SandboxLimits, run_program, run_programs
+
+FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3.0, memory_mb=128)
+
+
+def test_runs_a_program():
+    r = run_program("print(sum(range(10)))")
+    assert r.ok and r.stdout == "45\n"
+
+
+@pytest.mark.parametrize("code, reason", [
+    ("while True:\n    pass", "killed"),
+    ("import time\ntime.sleep(30)", "timeout"),
+    ("x = bytearray(10**9)", "MemoryError"),
+    ("import socket\nsocket.create_connection(('127.0.0.1', 80))", "socket"),
+    ("import os\nos.system('true')", "os.system"),
+    ("import subprocess\nsubprocess.run(['true'])", "subprocess"),
+    ("import os\nos.fork()", "os.fork"),
+    ("open('/tmp/posttrain-sandbox-escape', 'w').write('x')", "outside"),
+    ("import os\nos.remove('/etc/hostname')", "outside"),
+    ("print(open('/etc/passwd').read())", "outside"),
+    ("import os\nprint(os.environ)", "environ"),
+    ("import ctypes", "ctypes"),
+    ("print('x' * 10**6)", "output too large"),
+    ("def f(): return f()\nf()", "RecursionError"),
+    ("raise ValueError('boom')", "ValueError"),
+])
+def test_hostile_programs_yield_no_answer(code, reason):
+    r = run_program(code, FAST)
+    assert not r.ok and r.stdout == ""
+    assert reason in r.reason, r.reason
+    assert not os.path.exists("/tmp/posttrain-sandbox-escape")
+
+
+def test_secrets_in_the_parent_environment_are_invisible(monkeypatch):
+    monkeypatch.setenv("POSTTRAIN_TEST_SECRET", "hunter2")
+    r = run_program("import sys\nprint(sys.argv, sys.flags.isolated)")
+    assert r.ok and "hunter2" not in r.stdout
+
+
+def test_many_programs_in_parallel_keep_order():
+    codes = [f"print({i} * 2)" for i in range(20)] + ["while True: pass"]
+    results = run_programs(codes, FAST, workers=4)
+    assert [r.stdout.strip() for r in results[:20]] == [str(i * 2) for i in range(20)]
+    assert not results[-1].ok

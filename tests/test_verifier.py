@@ -1,0 +1,33 @@
+import pytest
+
+from posttrain.task.verifier import extract_answer, is_correct
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Step 1: 2 + 2 = 4\nAnswer: 4", 4),
+    ("Answer: -17", -17),
+    ("answer: 1,234", 1234),
+    ("Answer: 42.", 42),
+    ("Answer: 42.0", 42),
+    ("**Answer:** 56", 56),
+    ("The answer is 9", 9),
+    ("Final answer = 12", 12),
+    ("so \\boxed{81} it is", 81),
+    ("Answer: 3\nWait, that is wrong.\nAnswer: 5", 5),
+    ("Answer: \u221212", -12),
+    ("I think it is 12", None),
+    ("Answer: 2.5", None),
+    ("Answer: twelve", None),
+    ("", None),
+    (None, None),
+    ("Answer:", None),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_is_correct():
+    assert is_correct("Answer: 10", 10)
+    assert not is_correct("Answer: 10", 11)
+    assert not is_correct("no answer here", 0)
+    assert is_correct("answer: 1,000.", 1000)
