@@ -44,7 +44,7 @@ def run_stage(name: str, parent_run_id: str) -> dict:
     logger = get_run_logger()
     env = {**os.environ, PARENT_ENV: parent_run_id}
     start = time.perf_counter()
-    proc = subprocess.run(["dvc", "repro", "--single-item", name], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", name], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:

@@ -1,5 +1,7 @@
 """The ``posttrain`` command.
 
+Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
+
     posttrain run [STAGE ...]      run the pipeline through Prefect (DVC skips unchanged stages)
     posttrain check-params [FILE]  validate params.yaml (or FILE) and print every problem
     posttrain ui mlflow|prefect    open the MLflow or Prefect UI on this repository's stores
@@ -59,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "mlflow":
         params = load_params()
         port = str(args.port or 5000)
-        cmd = ["mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1", "--port", port]
+        cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1", "--port", port]
     else:
         _prefect_env()
-        cmd = ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(args.port or 4200)]
+        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(args.port or 4200)]
     print(" ".join(cmd))
     return subprocess.call(cmd)
 

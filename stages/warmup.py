@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import mlflow
+import torch
 from datasets import Dataset
 from transformers import set_seed
 from transformers.trainer_utils import get_last_checkpoint
@@ -70,7 +71,7 @@ def sft_config(cfg: WarmupParams, output_dir: Path, seed: int) -> SFTConfig:
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
         max_length=cfg.max_length, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
-        save_total_limit=2, seed=seed, data_seed=seed, use_cpu=True, report_to=["mlflow"],
+        save_total_limit=2, seed=seed, data_seed=seed, use_cpu=not torch.cuda.is_available(), report_to=["mlflow"],
         dataloader_num_workers=0, train_sampling_strategy="group_by_length", dataset_num_proc=2,
     )
 

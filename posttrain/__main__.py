@@ -1,0 +1,5 @@
+import sys
+
+from posttrain.cli import main
+
+sys.exit(main())
