@@ -6,9 +6,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,34 @@ def test_prefect_flow_runs_the_pipeline(tmp_path):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.data.tags["posttrain.stage"] for r in children) == sorted(STAGES)
     assert parent.info.status == "FINISHED" and "warmup.accuracy" in parent.data.metrics
-    # run again: every task finds its stage unchanged
-    out = run([sys.executable, "-m", "flows.pipeline"], repo)
-    assert out.count("unchanged, skipped") == len(STAGES)
+
+    # Against a `prefect server start` on loopback: the flow run is recorded there, every stage skipped.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _env(tmp_path)
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{api}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(1)
+        env["PREFECT_API_URL"] = api
+        proc = subprocess.run([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=600)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        assert out.count("unchanged, skipped") == len(STAGES)
+        req = urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+        flow_runs = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        assert [r["state_type"] for r in flow_runs] == ["COMPLETED"]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
