@@ -19,24 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from posttrain.workspace import clone_workspace
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def copy_repo(dest: Path, profile: str | None) -> Path:
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, dest / f)
-    if profile:
-        shutil.copy(dest / profile, dest / "params.yaml")
-    (dest / "dvc.lock").unlink(missing_ok=True)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "bench"]):
-        subprocess.run(cmd, cwd=dest, check=True)
-    return dest
 
 
 def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> float:
@@ -125,11 +110,12 @@ def main() -> None:
     if args.reuse:
         repo, full = args.reuse.resolve(), None
     else:
-        repo = copy_repo(tmp / "default", None)
+        repo = clone_workspace(ROOT, tmp / "default")
         full = timed([sys.executable, "-m", "dvc", "repro"], repo)
     noop = [timed([sys.executable, "-m", "dvc", "repro"], repo) for _ in range(3)]
     durations = stage_durations(repo)
-    smoke = timed([sys.executable, "-m", "dvc", "repro"], copy_repo(tmp / "smoke", "configs/params.smoke.yaml"))
+    smoke_repo = clone_workspace(ROOT, tmp / "smoke", "configs/params.smoke.yaml")
+    smoke = timed([sys.executable, "-m", "dvc", "repro"], smoke_repo)
     overhead = tracking_overhead(repo, stages)
     flow, direct = prefect_overhead(repo, stages)
     metrics = json.loads((repo / "reports/metrics/evaluate.json").read_text())

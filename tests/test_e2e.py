@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "base_model", "warmup", "evaluate"]
@@ -32,19 +33,7 @@ def _env(tmp: Path) -> dict:
 
 def smoke_repo(tmp: Path) -> Path:
     """A git repository holding the project's files with the smoke profile as params.yaml."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    repo = tmp / "repo"
-    for f in files:
-        if (ROOT / f).is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, repo / f)
-    shutil.copy(repo / "configs/params.smoke.yaml", repo / "params.yaml")
-    (repo / "dvc.lock").unlink(missing_ok=True)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke"]):
-        subprocess.run(cmd, cwd=repo, check=True)
-    return repo
+    return clone_workspace(ROOT, tmp / "repo", profile="configs/params.smoke.yaml")
 
 
 def run(cmd: list[str], repo: Path, timeout: int = 900) -> str:
