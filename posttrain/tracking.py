@@ -52,15 +52,16 @@ def git_state() -> dict[str, str]:
             return ""
 
     commit = git("rev-parse", "HEAD") or "unknown"
-    # dvc.lock and generated outputs change during a repro; only source changes make a run dirty.
+    # dvc.lock and the git-tracked reports change during a repro; only other changes make a run dirty.
     status = [ln for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()
-              if not ln[3:].startswith("dvc.lock")]
+              if not ln[3:].startswith(("dvc.lock", "reports/"))]
     return {"git.commit": commit, "git.dirty": str(bool(status)).lower()}
 
 
 def dvc_hashes(stage: str, which: str) -> dict[str, str]:
     """md5 of each dep or out of ``stage`` as DVC computes it ({} outside a DVC repo)."""
     try:
+        from dvc.dependency.param import ParamsDependency
         from dvc.repo import Repo
 
         with Repo(".") as repo:
@@ -68,11 +69,9 @@ def dvc_hashes(stage: str, which: str) -> dict[str, str]:
             items = st.deps if which == "dep" else st.outs
             out = {}
             for item in items:
-                if not hasattr(item, "get_hash") or item.__class__.__name__ == "ParamsDependency":
-                    continue
-                if not item.exists:
-                    continue
-                out[f"dvc.{which}.{item.def_path}"] = item.get_hash().value
+                # params are logged as MLflow params; a missing path has no hash yet
+                if not isinstance(item, ParamsDependency) and item.exists:
+                    out[f"dvc.{which}.{item.def_path}"] = item.get_hash().value
             return out
     except Exception as e:  # lineage must never break a stage; say what is missing instead
         log.warning("could not compute DVC %s hashes for stage %s: %s", which, stage, e)
