@@ -39,7 +39,7 @@ class TaskParams(_Section):
     source: Literal["synthetic", "jsonl"] = Field(description="generate the arithmetic domain, or ingest JSONL files")
     jsonl: JsonlFiles | None = Field(description="the user's files when source is jsonl, else null")
     max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
-    max_operand: int = Field(ge=2, description="synthetic: largest start value and add/sub operand")
+    max_operand: int = Field(ge=2, description="synthetic: largest add/sub operand (start values go up to max_value / 2)")
     max_value: int = Field(ge=10, description="synthetic: no intermediate value exceeds this")
 
 

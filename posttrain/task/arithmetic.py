@@ -17,6 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from posttrain.task.records import DataError
+
 Op = Literal["add", "sub", "mul", "div"]
 Form = Literal["words", "expression"]
 
@@ -129,7 +131,7 @@ def sample_problem(
 ) -> Problem:
     """Draw one problem with ``difficulty`` operations; the operation type is drawn first, uniformly
     among the feasible ones, so multiplication and division are not drowned out by add/sub."""
-    start = rng.randint(1, max_operand)
+    start = rng.randint(1, max(max_operand, max_value // 2))
     x, steps = start, []
     for _ in range(difficulty):
         feasible = _feasible_steps(x, max_operand, max_value)
@@ -150,7 +152,7 @@ def generate_problems(
 ) -> list[Problem]:
     """``n`` problems with distinct question texts, balanced over difficulties and forms.
 
-    Raises ``ValueError`` when the space of distinct questions is too small for ``n``.
+    Raises ``DataError`` when the space of distinct questions is too small for ``n``.
     """
     rng = random.Random(seed)
     seen: set[str] = set()
@@ -164,7 +166,7 @@ def generate_problems(
         attempts += 1
         if p.question in seen:
             if attempts > 50 * n:
-                raise ValueError(
+                raise DataError(
                     f"could only make {len(out)} distinct questions of {n}: raise task.max_operand "
                     f"or task.max_value, or lower the split sizes"
                 )
