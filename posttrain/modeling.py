@@ -28,11 +28,17 @@ class ModelLoadError(UserError, RuntimeError):
     """A model or tokenizer directory is missing or unreadable; names the directory and the cause."""
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on ``texts``; left padding (batched generation needs it)."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, split_digits: bool = False) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on ``texts``; left padding (batched generation needs it).
+
+    With ``split_digits`` every digit is its own token; otherwise BPE may merge frequent numbers into
+    one token, which makes copying a number from the question a single lookup for a tiny model.
+    """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits else byte_level
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

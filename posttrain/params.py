@@ -54,6 +54,7 @@ class PrepareParams(_Section):
 class ModelParams(_Section):
     base: str = Field(min_length=1, description="'scratch', a Hugging Face hub id, or a local model directory")
     vocab_size: int = Field(ge=64, description="scratch: BPE vocabulary size")
+    split_digits: bool = Field(description="scratch: one token per digit (else BPE may merge whole numbers)")
     hidden_size: int = Field(ge=8, description="scratch: model width")
     num_layers: int = Field(ge=1, description="scratch: transformer blocks")
     num_heads: int = Field(ge=1, description="scratch: attention heads (must divide hidden_size)")

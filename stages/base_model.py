@@ -43,7 +43,7 @@ def build_base(cfg: ModelParams, records: list[dict], seed: int):
     """(tokenizer, model) for ``model.base``; scratch models are initialised from ``seed``."""
     if cfg.base != "scratch":
         return load_pretrained(cfg.base)
-    tokenizer = train_tokenizer(tokenizer_corpus(records, seed), cfg.vocab_size)
+    tokenizer = train_tokenizer(tokenizer_corpus(records, seed), cfg.vocab_size, cfg.split_digits)
     set_seed(seed)
     model = build_llama(tokenizer, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size,
                         cfg.max_position)
