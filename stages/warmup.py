@@ -65,6 +65,11 @@ def checkpoint_dir(params: Params) -> Path:
     return CHECKPOINTS / h.hexdigest()[:16]
 
 
+def tokens_seen(log_history: list[dict]) -> int:
+    """Training tokens so far, as TRL logs them (``num_tokens``, cumulative)."""
+    return int(max((log.get("num_tokens", 0) for log in log_history), default=0))
+
+
 def sft_config(cfg: WarmupParams, output_dir: Path, seed: int) -> SFTConfig:
     return SFTConfig(
         output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
@@ -95,7 +100,9 @@ def main() -> None:
             train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
         )
         result = trainer.train(resume_from_checkpoint=resume)
-        n_tokens = max((log.get("num_tokens", 0) for log in trainer.state.log_history), default=0)
+        n_tokens = tokens_seen(trainer.state.log_history)
+        if resume:  # train_runtime covers this session only
+            n_tokens -= tokens_seen(json.loads((Path(resume) / "trainer_state.json").read_text())["log_history"])
         tokens_per_s = n_tokens / max(result.metrics["train_runtime"], 1e-9)
         mlflow.log_metrics({"train_tokens": n_tokens, "train_tokens_per_s": tokens_per_s,
                             "final_loss": result.metrics["train_loss"], "n_examples": len(examples)})
