@@ -1,0 +1,61 @@
+"""DOTS search on a stub solver with known success rates."""
+import random
+
+import pytest
+
+from posttrain.dots import SearchConfig, search_trajectories
+from posttrain.trajectories import TRAJECTORIES
+
+
+def stub(rates: dict[str, dict[str, float]], seed: int | None = None):
+    """run_samples for known per-(question, trajectory) success rates; exact counts unless seeded."""
+    rng = random.Random(seed)
+    calls = []
+
+    def run(jobs, n):
+        calls.append(len(jobs))
+        out = []
+        for q, t in jobs:
+            p = rates[q].get(t.name, 0.0)
+            out.append(sum(rng.random() < p for _ in range(n)) if seed is not None else round(p * n))
+        return out
+
+    return run, calls
+
+
+def test_finds_the_known_optimum_and_keeps_n_k():
+    rates = {"a": {t.name: 0.2 for t in TRAJECTORIES} | {"decompose+pot+verify": 0.9},
+             "b": {t.name: 0.5 for t in TRAJECTORIES} | {"cot": 1.0, "rewrite+cot": 0.75}}
+    run, calls = stub(rates)
+    results = search_trajectories(["a", "b"], run, SearchConfig())
+    assert [r.optimal for r in results] == ["decompose+pot+verify", "cot"]
+    assert calls == [24, 16]  # 12 candidates each, then the 8 kept
+    assert len(results[0].survivors) == 3 and results[1].survivors[:2] == ["cot", "rewrite+cot"]
+    assert results[0].trials["decompose+pot+verify"] == 8 and results[0].trials["rewrite+pot+verify"] == 4
+
+
+def test_ties_go_to_fewer_actions():
+    rates = {"q": {"rewrite+cot+verify": 1.0, "pot+verify": 1.0, "pot": 1.0, "cot": 0.0}}
+    results = search_trajectories(["q"], stub(rates)[0], SearchConfig())
+    assert results[0].optimal == "pot"
+    assert results[0].survivors == ["pot", "pot+verify", "rewrite+cot+verify"]
+
+
+def test_all_solved_and_all_failed_are_dropped():
+    rates = {"easy": {t.name: 1.0 for t in TRAJECTORIES}, "hard": {}, "mid": {"cot": 0.5}}
+    run, calls = stub(rates)
+    results = {r.id: r for r in search_trajectories(["easy", "hard", "mid"], run, SearchConfig())}
+    assert results["easy"].dropped == "all solved" and results["easy"].optimal is None
+    assert results["hard"].dropped == "all failed" and results["hard"].optimal is None
+    assert results["mid"].optimal == "cot" and calls == [36, 8]  # dropped questions are not searched further
+
+
+def test_noisy_solver_mostly_finds_a_clear_winner():
+    rates = {f"q{i}": {t.name: 0.1 for t in TRAJECTORIES} | {"rewrite+pot": 0.95} for i in range(50)}
+    results = search_trajectories(list(rates), stub(rates, seed=0)[0], SearchConfig(n_eval=8))
+    assert sum(r.optimal == "rewrite+pot" for r in results) >= 45
+
+
+def test_config_checks_keep_length():
+    with pytest.raises(ValueError, match="one per iteration"):
+        SearchConfig(iterations=3, keep=(8, 3))
