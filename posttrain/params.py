@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from posttrain.errors import UserError
 
@@ -40,7 +40,16 @@ class TaskParams(_Section):
     jsonl: JsonlFiles | None = Field(description="the user's files when source is jsonl, else null")
     max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
     max_operand: int = Field(ge=2, description="synthetic: largest add/sub operand (start values go up to max_value / 2)")
-    max_value: int = Field(ge=10, description="synthetic: no intermediate value exceeds this")
+    max_value: int = Field(ge=10, description="synthetic: no intermediate value of a chain exceeds this")
+    kind_weights: dict[Literal["chain", "bignum", "distractor"], float] = Field(
+        description="synthetic: mixture of question kinds (chain, bignum, distractor), weights >= 0")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _some_weight(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in v.values()) or not any(w > 0 for w in v.values()):
+            raise ValueError("weights must be >= 0 with at least one > 0")
+        return v
 
 
 class PrepareParams(_Section):
