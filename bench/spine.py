@@ -82,7 +82,7 @@ def untrained_accuracy(repo: Path, n: int) -> dict:
         "import json, sys; from posttrain.params import load_params\n"
         "from stages.evaluate import evaluate_model, resolve_formats\n"
         "p = load_params(); recs = [json.loads(l) for l in open('data/prepared/test.jsonl')][:int(sys.argv[1])]\n"
-        "rows, s = evaluate_model('models/base', recs, resolve_formats('all'), p.evaluate, p.seed)\n"
+        "rows, s = evaluate_model('models/base', recs, resolve_formats('all'), p.evaluate, p.sandbox, p.seed)\n"
         "print(json.dumps(s))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(n)], cwd=repo, capture_output=True, text=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.errors import UserError
 
@@ -86,10 +86,30 @@ class WarmupParams(_Section):
 
 
 class SandboxParams(_Section):
+    """Limits for every model-written program (DOTS ``pot``), wherever it runs."""
+
     cpu_seconds: int = Field(ge=1, description="CPU time per program")
     wall_seconds: float = Field(gt=0, description="wall time per program")
     memory_mb: int = Field(ge=32, description="address-space limit per program")
     workers: int = Field(ge=1, description="programs run at once")
+
+
+class DotsSearchParams(_Section):
+    n_questions: int | None = Field(ge=1, description="search the first n training questions (null = all)")
+    iterations: int = Field(ge=1, description="K: search iterations")
+    n_eval: int = Field(ge=1, description="N_eval: samples per candidate trajectory per iteration")
+    keep: list[int] = Field(min_length=1, description="N_k: candidates kept after each iteration (one per iteration)")
+    temperature: float = Field(gt=0, description="solver sampling temperature (> 0: the search needs variety)")
+    verify_retries: int = Field(ge=0, description="re-solves after a failed self-check (verify action)")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+    chunk_size: int = Field(ge=1, description="questions per resumable chunk")
+
+    @model_validator(mode="after")
+    def _keep_per_iteration(self):
+        if len(self.keep) != self.iterations:
+            raise ValueError(f"keep has {len(self.keep)} entries, expected one per iteration ({self.iterations})")
+        return self
 
 
 class EvaluateParams(_Section):
@@ -99,7 +119,6 @@ class EvaluateParams(_Section):
         description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
     batch_size: int = Field(ge=1, description="prompts per generation batch")
     max_new_tokens: int = Field(ge=1, description="generation length cap")
-    sandbox: SandboxParams
 
 
 class TrackingParams(_Section):
@@ -113,7 +132,9 @@ class Params(_Section):
     task: TaskParams
     prepare: PrepareParams
     model: ModelParams
+    sandbox: SandboxParams
     warmup: WarmupParams
+    dots_search: DotsSearchParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 

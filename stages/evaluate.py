@@ -19,8 +19,8 @@ from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator
 from posttrain.modeling import load_pretrained
-from posttrain.params import EvaluateParams, load_params
-from posttrain.sandbox import SandboxLimits
+from posttrain.params import EvaluateParams, SandboxParams, load_params
+from posttrain.sandbox import sandbox_limits
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, prompt
@@ -43,16 +43,16 @@ def resolve_formats(formats) -> list[str]:
     return list(formats)
 
 
-def evaluate_model(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams, seed: int):
+def evaluate_model(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams,
+                   sandbox: SandboxParams, seed: int):
     """(rows, summary) for one model: generate every (question, format) and score it."""
     tokenizer, model = load_pretrained(model_dir)
     generator = HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens)
     jobs = [(rec, fmt) for fmt in formats for rec in records]
     prompts = [prompt(rec["question"], None if fmt == OWN_CHOICE else Trajectory.from_name(fmt)) for rec, fmt in jobs]
     completions = generator.generate(prompts, seed=seed, desc=f"evaluate {Path(model_dir).name}")
-    limits = SandboxLimits(cfg.sandbox.cpu_seconds, cfg.sandbox.wall_seconds, cfg.sandbox.memory_mb)
     rows = score_responses([r for r, _ in jobs], [f for _, f in jobs], [c.text for c in completions],
-                           limits, cfg.sandbox.workers)
+                           sandbox_limits(sandbox), sandbox.workers)
     for row, c in zip(rows, completions):
         row["n_tokens"] = c.n_tokens
     return rows, summarize(rows, [c.n_tokens for c in completions])
@@ -81,7 +81,7 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
 def main() -> None:
     params = load_params()
     cfg = params.evaluate
-    with stage_run("evaluate", params, sections=["seed", "evaluate"]):
+    with stage_run("evaluate", params, sections=["seed", "sandbox", "evaluate"]):
         with open(TEST, encoding="utf-8") as f:
             records = [json.loads(line) for line in f]
         records = records[: cfg.n_test] if cfg.n_test else records
@@ -89,7 +89,7 @@ def main() -> None:
         all_rows, summaries = [], {}
         for name in cfg.models:
             model_dir = str(Path("models") / name)
-            rows, summary = evaluate_model(model_dir, records, formats, cfg, params.seed)
+            rows, summary = evaluate_model(model_dir, records, formats, cfg, params.sandbox, params.seed)
             all_rows += [{"model": name, **r} for r in rows]
             summaries[name] = summary
             mlflow.log_metrics({f"{name}.accuracy": summary["accuracy"],
