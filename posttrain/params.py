@@ -71,7 +71,7 @@ class ModelParams(_Section):
     max_position: int = Field(ge=64, description="scratch: longest sequence in tokens")
 
 
-class WarmupParams(_Section):
+class TrainingParams(_Section):
     max_steps: int = Field(ge=1, description="optimizer steps")
     batch_size: int = Field(ge=1, description="sequences per device batch")
     grad_accum: int = Field(ge=1, description="gradient accumulation steps")
@@ -79,10 +79,20 @@ class WarmupParams(_Section):
     warmup_ratio: float = Field(ge=0, le=1, description="share of steps spent warming up the learning rate")
     weight_decay: float = Field(ge=0, description="AdamW weight decay")
     max_length: int = Field(ge=16, description="truncate training sequences to this many tokens")
-    open_choice_fraction: float = Field(
-        ge=0, le=1, description="share of examples whose prompt leaves the trajectory for the model to name")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point after a kill)")
     logging_steps: int = Field(ge=1, description="log loss to MLflow every this many steps")
+
+
+class WarmupParams(TrainingParams):
+    open_choice_fraction: float = Field(
+        ge=0, le=1, description="share of examples whose prompt leaves the trajectory for the model to name")
+
+
+class SftParams(TrainingParams):
+    planner: Literal["internal", "external"] = Field(
+        description="the planner reported as DOTS: internal (the solver names its own trajectory) or external "
+                    "(a separate planner model names it and the warm-up solver follows); both are trained")
+    external_max_steps: int = Field(ge=1, description="optimizer steps of the external planner")
 
 
 class SandboxParams(_Section):
@@ -135,6 +145,7 @@ class Params(_Section):
     sandbox: SandboxParams
     warmup: WarmupParams
     dots_search: DotsSearchParams
+    sft: SftParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 
