@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--untrained-n", type=int, default=60, help="test questions for the untrained model")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="posttrain-bench-"))
-    stages = ["prepare", "base_model", "warmup", "evaluate"]
+    stages = ["prepare", "base_model", "warmup", "dots_search", "sft", "evaluate"]
 
     if args.reuse:
         repo, full = args.reuse.resolve(), None

@@ -93,6 +93,8 @@ class SftParams(TrainingParams):
         description="the planner reported as DOTS: internal (the solver names its own trajectory) or external "
                     "(a separate planner model names it and the warm-up solver follows); both are trained")
     external_max_steps: int = Field(ge=1, description="optimizer steps of the external planner")
+    min_examples: int = Field(ge=0, description="fewer kept search questions than this stop the stage; with none "
+                                                "kept and min_examples 0, the planners are copies of the solver")
 
 
 class SandboxParams(_Section):
@@ -125,6 +127,7 @@ class DotsSearchParams(_Section):
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
+    dots: bool = Field(description="also evaluate the sft stage's DOTS planners (internalized and external)")
     formats: Literal["all", "own_choice"] | list[str] = Field(
         description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
     batch_size: int = Field(ge=1, description="prompts per generation batch")

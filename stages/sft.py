@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import mlflow
 
+from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
 from posttrain.params import load_params
 from posttrain.sft import train_sft
@@ -43,9 +45,6 @@ def planner_examples(search: list[dict], records: dict[str, dict], seed: int) ->
         body = render_response(Problem.from_fields(rec), trajectory)
         internal.append({"prompt": prompt(rec["question"]), "completion": f" {trajectory.name}\n{body}"})
         external.append({"prompt": prompt(rec["question"]), "completion": f" {trajectory.name}"})
-    if not internal:
-        raise DataError(f"{SEARCH}: the search kept no question (all solved or all failed); "
-                        "raise dots_search.n_questions or train the warm-up model longer")
     for examples in (internal, external):
         random.Random(seed).shuffle(examples)
     return {"internal": internal, "external": external}
@@ -59,7 +58,18 @@ def main() -> None:
         records = {r["id"]: r for r in map(json.loads, TRAIN.read_text(encoding="utf-8").splitlines())}
         search = [json.loads(line) for line in SEARCH.read_text(encoding="utf-8").splitlines()]
         examples = planner_examples(search, records, params.seed)
-        mlflow.log_metric("n_planner_examples", len(examples["internal"]))
+        n = len(examples["internal"])
+        mlflow.log_metric("n_planner_examples", n)
+        if n < cfg.min_examples:
+            raise DataError(f"{SEARCH}: the search kept {n} questions, fewer than sft.min_examples "
+                            f"({cfg.min_examples}); raise dots_search.n_questions or train the warm-up model longer")
+        if n == 0:
+            print("sft: the search kept no question; the planners are copies of the warm-up solver")
+            mlflow.set_tag("sft.untrained", "no kept search questions")
+            for out in OUT.values():
+                with atomic_dir(out) as tmp:
+                    shutil.copytree(SOLVER, tmp, dirs_exist_ok=True)
+            return
         for planner in OUT:
             steps = cfg.max_steps if planner == "internal" else cfg.external_max_steps
             train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
