@@ -25,10 +25,10 @@ from posttrain.params import EvaluateParams, SandboxParams, load_params
 from posttrain.sandbox import sandbox_limits
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
-from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, prompt, split_choice
+from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, plain_prompt, prompt, split_choice
 
 TEST = "data/prepared/test.jsonl"
-SOLVER, INTERNAL, PLANNER = "models/warmup", "models/sft", "models/planner"
+SOLVER, INTERNAL, PLANNER, VANILLA = "models/warmup", "models/sft", "models/planner", "models/sft_vanilla"
 METRICS = Path("reports/metrics/evaluate.json")
 PLOT_CSV = Path("reports/plots/accuracy_by_difficulty.csv")
 RESPONSES = Path("reports/evaluate/responses.jsonl")
@@ -81,6 +81,17 @@ def evaluate_external(planner_dir: str, solver_dir: str, records: list[dict], cf
     return rows, summarize(rows, [c.n_tokens for c in completions])
 
 
+def evaluate_vanilla(model_dir: str, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams, seed: int):
+    """(rows, summary) for the vanilla SFT baseline: the question alone in, a plain solution out."""
+    completions = generator_for(model_dir, cfg).generate([plain_prompt(r["question"]) for r in records], seed=seed,
+                                                         desc="evaluate vanilla")
+    rows = score_responses(records, ["cot"] * len(records), [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    for row, c in zip(rows, completions):
+        row.update(n_tokens=c.n_tokens, format="vanilla", trajectory=None)
+    return rows, summarize(rows, [c.n_tokens for c in completions])
+
+
 def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
     """Accuracy by difficulty: one panel per model, a thin line per trajectory, bold own choice."""
     fig, axes = plt.subplots(1, len(summaries), figsize=(6 * len(summaries), 4.2), squeeze=False)
@@ -116,6 +127,7 @@ def main() -> None:
                                                               params.seed)
             systems["dots_external"] = lambda: evaluate_external(PLANNER, SOLVER, records, cfg, params.sandbox,
                                                                  params.seed)
+            systems["sft_vanilla"] = lambda: evaluate_vanilla(VANILLA, records, cfg, params.sandbox, params.seed)
         all_rows, summaries = [], {}
         for name, run in systems.items():
             rows, summary = run()

@@ -7,7 +7,10 @@
   only (question -> trajectory); at inference the warm-up solver then follows the named trajectory.
   (The paper's planner also writes a short explanation first; ours names the trajectory directly.)
 
-Both are trained (the external planner is cheap: its targets are a few tokens); ``sft.planner`` picks the
+- ``vanilla`` -> models/sft_vanilla: the baseline, the warm-up model fine-tuned the same way on the same
+  questions but on plain step-by-step solutions with no trajectory (prompt: the question alone).
+
+All three are trained (the external planner is cheap: its targets are a few tokens); ``sft.planner`` picks the
 one the evaluation reports as DOTS. Only questions the search kept (not all-solved or all-failed) are training data.
 """
 from __future__ import annotations
@@ -27,16 +30,16 @@ from posttrain.task.arithmetic import Problem
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
 from posttrain.tracking import stage_run
-from posttrain.trajectories import BY_NAME, prompt
+from posttrain.trajectories import BY_NAME, plain_prompt, prompt
 
 SOLVER, TRAIN, SEARCH = "models/warmup", Path("data/prepared/train.jsonl"), Path("data/dots/search.jsonl")
-OUT = {"internal": "models/sft", "external": "models/planner"}
+OUT = {"internal": "models/sft", "external": "models/planner", "vanilla": "models/sft_vanilla"}
 CHECKPOINTS = Path("checkpoints/sft")
 
 
 def planner_examples(search: list[dict], records: dict[str, dict], seed: int) -> dict[str, list[dict]]:
     """Training pairs for each planner from the kept search results (shuffled with ``seed``)."""
-    internal, external = [], []
+    internal, external, vanilla = [], [], []
     for row in search:
         if not row["optimal"]:
             continue
@@ -45,9 +48,11 @@ def planner_examples(search: list[dict], records: dict[str, dict], seed: int) ->
         body = render_response(Problem.from_fields(rec), trajectory)
         internal.append({"prompt": prompt(rec["question"]), "completion": f" {trajectory.name}\n{body}"})
         external.append({"prompt": prompt(rec["question"]), "completion": f" {trajectory.name}"})
-    for examples in (internal, external):
+        vanilla.append({"prompt": plain_prompt(rec["question"]),
+                        "completion": render_response(Problem.from_fields(rec), BY_NAME["cot"])})
+    for examples in (internal, external, vanilla):
         random.Random(seed).shuffle(examples)
-    return {"internal": internal, "external": external}
+    return {"internal": internal, "external": external, "vanilla": vanilla}
 
 
 @stage_main
@@ -71,7 +76,7 @@ def main() -> None:
                     shutil.copytree(SOLVER, tmp, dirs_exist_ok=True)
             return
         for planner in OUT:
-            steps = cfg.max_steps if planner == "internal" else cfg.external_max_steps
+            steps = cfg.external_max_steps if planner == "external" else cfg.max_steps
             train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
                       CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed, name=f"sft {planner}",
                       metric_prefix=f"{planner}.")

@@ -76,8 +76,8 @@ def test_repro_writes_every_output(repro):
     assert (repo / "reports/plots/accuracy_by_difficulty.csv").read_text().startswith("difficulty,accuracy")
     assert (repo / "reports/evaluate/accuracy_by_difficulty.png").stat().st_size > 1000
     rows = [json.loads(line) for line in (repo / "reports/evaluate/responses.jsonl").open()]
-    assert len(rows) == 13 * 12 + 12 + 12 and {"response", "predicted", "correct", "reason"} <= set(rows[0])
-    assert {"dots_internal", "dots_external"} <= set(metrics)
+    assert len(rows) == 13 * 12 + 3 * 12 and {"response", "predicted", "correct", "reason"} <= set(rows[0])
+    assert {"dots_internal", "dots_external", "sft_vanilla"} <= set(metrics)
     search = [json.loads(line) for line in (repo / "data/dots/search.jsonl").open()]
     assert len(search) == 12 and all(r["optimal"] or r["dropped"] for r in search)
     assert (repo / "models/sft/config.json").is_file() and (repo / "models/planner/config.json").is_file()

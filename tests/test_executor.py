@@ -54,6 +54,7 @@ def test_failed_check_is_solved_again_up_to_the_bound():
 def test_planner_examples_use_only_kept_questions():
     search = [{"id": "q", "optimal": "rewrite+pot", "dropped": None}, {"id": "x", "optimal": None, "dropped": "all failed"}]
     ex = planner_examples(search, {"q": REC, "x": REC}, seed=0)
-    assert len(ex["internal"]) == len(ex["external"]) == 1
+    assert len(ex["internal"]) == len(ex["external"]) == len(ex["vanilla"]) == 1
+    assert ex["vanilla"][0]["prompt"] == f"Question: {REC['question']}\n" and "Trajectory" not in ex["vanilla"][0]["completion"]
     assert ex["external"][0] == {"prompt": prompt(REC["question"]), "completion": " rewrite+pot"}
     assert ex["internal"][0]["completion"] == " rewrite+pot\n" + render_response(P, BY_NAME["rewrite+pot"])
