@@ -127,7 +127,8 @@ class DotsSearchParams(_Section):
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
-    dots: bool = Field(description="also evaluate the sft stage's models: DOTS planners (internalized, external) and vanilla SFT")
+    dots: bool = Field(
+        description="also evaluate the sft stage's models: DOTS planners (internalized, external) and vanilla SFT")
     formats: Literal["all", "own_choice"] | list[str] = Field(
         description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
     batch_size: int = Field(ge=1, description="prompts per generation batch")
