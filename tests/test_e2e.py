@@ -130,6 +130,28 @@ def test_warmup_resumes_after_a_kill(repro):
     assert not list((repo / "checkpoints/warmup").glob("*")), "checkpoints are cleaned after success"
 
 
+def test_dots_search_resumes_after_a_kill(repro):
+    repo, _ = repro
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["dots_search"]["temperature"] = 0.7
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = subprocess.Popen(["dvc", "repro", "dots_search"], cwd=repo, env=_env(repo.parent),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    done = []
+    while time.time() < deadline and proc.poll() is None:
+        done = list((repo / "checkpoints/dots_search").glob("*/done.jsonl"))
+        if done and done[0].read_text().count("\n") >= 6:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert done, "the search wrote no progress before the kill"
+    out = run(["dvc", "repro", "dots_search"], repo)
+    assert "dots_search: resuming, 6 of 12 questions already searched" in out
+    assert len((repo / "data/dots/search.jsonl").read_text().splitlines()) == 12
+
+
 def test_prefect_flow_runs_the_pipeline(tmp_path):
     repo = smoke_repo(tmp_path)
     out = run([sys.executable, "-m", "flows.pipeline"], repo)
