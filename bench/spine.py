@@ -19,12 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from posttrain.orchestration import prefect_settings
 from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> float:
+    # dvc.yaml runs `python3 -m stages.<name>`: the interpreter running this script must come first on PATH
+    env = {**(env or os.environ), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -69,7 +72,7 @@ def tracking_overhead(repo: Path, stages: list[str], repeats: int = 3) -> dict[s
 
 def prefect_overhead(repo: Path, stages: list[str]) -> tuple[float, float]:
     """(flow wall seconds, sum of the same no-op `dvc repro -s` calls run directly) on an up-to-date repo."""
-    env = {**os.environ, "PREFECT_HOME": str(repo / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, **prefect_settings(repo)}
     timed([sys.executable, "-m", "flows.pipeline"], repo, env)  # first flow starts Prefect's database
     flow = timed([sys.executable, "-m", "flows.pipeline"], repo, env)
     direct = sum(timed([sys.executable, "-m", "dvc", "repro", "--single-item", s], repo) for s in stages)

@@ -18,12 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-import mlflow
-import networkx as nx
-from prefect import flow, get_run_logger, task
+from posttrain.orchestration import apply_prefect_settings
 
-from posttrain.params import load_params
-from posttrain.tracking import PARENT_ENV, configure, git_state
+apply_prefect_settings()
+
+import mlflow  # noqa: E402
+import networkx as nx  # noqa: E402
+from prefect import flow, get_run_logger, task  # noqa: E402
+
+from posttrain.params import load_params  # noqa: E402
+from posttrain.tracking import PARENT_ENV, configure, git_state  # noqa: E402
 
 METRICS = Path("reports/metrics/evaluate.json")
 
@@ -42,7 +46,9 @@ def stage_order(repo_root: str = ".") -> list[str]:
 def run_stage(name: str, parent_run_id: str) -> dict:
     """``dvc repro`` one stage; returns whether it ran and how long it took."""
     logger = get_run_logger()
-    env = {**os.environ, PARENT_ENV: parent_run_id}
+    # dvc.yaml runs `python3 -m stages.<name>`: this interpreter's environment must come first on PATH
+    env = {**os.environ, PARENT_ENV: parent_run_id,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", name], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start

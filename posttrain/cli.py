@@ -9,20 +9,11 @@ Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 
+from posttrain.orchestration import apply_prefect_settings
 from posttrain.params import ParamsError, load_params
-
-PREFECT_HOME = ".prefect"
-
-
-def _prefect_env() -> None:
-    """Keep Prefect's state in the repository (git-ignored) unless the user points elsewhere."""
-    os.environ.setdefault("PREFECT_HOME", os.path.abspath(PREFECT_HOME))
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n\n")[0])
@@ -45,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: ok")
         return 0
     if args.command == "run":
-        _prefect_env()
+        apply_prefect_settings()
         from flows.pipeline import pipeline
 
         try:
@@ -63,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         port = str(args.port or 5000)
         cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1", "--port", port]
     else:
-        _prefect_env()
+        apply_prefect_settings()
         cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(args.port or 4200)]
     print(" ".join(cmd))
     return subprocess.call(cmd)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from posttrain.orchestration import prefect_settings
 from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +26,7 @@ pytestmark = pytest.mark.e2e
 def _env(tmp: Path) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["PREFECT_HOME"] = str(tmp / ".prefect")
-    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env.update(prefect_settings(tmp))
     env.pop("POSTTRAIN_PARENT_RUN_ID", None)
     return env
 
