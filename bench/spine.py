@@ -85,7 +85,7 @@ def untrained_accuracy(repo: Path, n: int) -> dict:
         "import json, sys; from posttrain.params import load_params\n"
         "from stages.evaluate import evaluate_model, resolve_formats\n"
         "p = load_params(); recs = [json.loads(l) for l in open('data/prepared/test.jsonl')][:int(sys.argv[1])]\n"
-        "rows, s = evaluate_model('models/base', recs, resolve_formats('all'), p.evaluate, p.seed)\n"
+        "rows, s = evaluate_model('models/base', recs, resolve_formats('all'), p.evaluate, p.sandbox, p.seed)\n"
         "print(json.dumps(s))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(n)], cwd=repo, capture_output=True, text=True)
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--untrained-n", type=int, default=60, help="test questions for the untrained model")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="posttrain-bench-"))
-    stages = ["prepare", "base_model", "warmup", "evaluate"]
+    stages = ["prepare", "base_model", "warmup", "dots_search", "sft", "evaluate"]
 
     if args.reuse:
         repo, full = args.reuse.resolve(), None

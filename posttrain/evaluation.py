@@ -85,8 +85,13 @@ def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
         for r in rs:
             per_d[r["difficulty"]].append(r)
         formats[fmt] = {"accuracy": acc(rs), "by_difficulty": {str(d): acc(v) for d, v in sorted(per_d.items())}}
+    actions: dict[int, list[int]] = defaultdict(list)
+    for r in rows:
+        if r["trajectory"]:
+            actions[r["difficulty"]].append(BY_NAME[r["trajectory"]].n_actions)
     return {
         "accuracy": acc(rows),
+        "mean_actions_by_difficulty": {str(d): round(sum(a) / len(a), 3) for d, a in sorted(actions.items())},
         "mean_response_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 2),
         "by_difficulty": {str(d): acc(v) for d, v in sorted(by_diff.items())},
         "by_format": formats,

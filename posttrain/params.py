@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.errors import UserError
 
@@ -40,7 +40,16 @@ class TaskParams(_Section):
     jsonl: JsonlFiles | None = Field(description="the user's files when source is jsonl, else null")
     max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
     max_operand: int = Field(ge=2, description="synthetic: largest add/sub operand (start values go up to max_value / 2)")
-    max_value: int = Field(ge=10, description="synthetic: no intermediate value exceeds this")
+    max_value: int = Field(ge=10, description="synthetic: no intermediate value of a chain exceeds this")
+    kind_weights: dict[Literal["chain", "bignum", "distractor"], float] = Field(
+        description="synthetic: mixture of question kinds (chain, bignum, distractor), weights >= 0")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _some_weight(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in v.values()) or not any(w > 0 for w in v.values()):
+            raise ValueError("weights must be >= 0 with at least one > 0")
+        return v
 
 
 class PrepareParams(_Section):
@@ -62,7 +71,7 @@ class ModelParams(_Section):
     max_position: int = Field(ge=64, description="scratch: longest sequence in tokens")
 
 
-class WarmupParams(_Section):
+class TrainingParams(_Section):
     max_steps: int = Field(ge=1, description="optimizer steps")
     batch_size: int = Field(ge=1, description="sequences per device batch")
     grad_accum: int = Field(ge=1, description="gradient accumulation steps")
@@ -70,27 +79,60 @@ class WarmupParams(_Section):
     warmup_ratio: float = Field(ge=0, le=1, description="share of steps spent warming up the learning rate")
     weight_decay: float = Field(ge=0, description="AdamW weight decay")
     max_length: int = Field(ge=16, description="truncate training sequences to this many tokens")
-    open_choice_fraction: float = Field(
-        ge=0, le=1, description="share of examples whose prompt leaves the trajectory for the model to name")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point after a kill)")
     logging_steps: int = Field(ge=1, description="log loss to MLflow every this many steps")
 
 
+class WarmupParams(TrainingParams):
+    open_choice_fraction: float = Field(
+        ge=0, le=1, description="share of examples whose prompt leaves the trajectory for the model to name")
+
+
+class SftParams(TrainingParams):
+    planner: Literal["internal", "external"] = Field(
+        description="the planner reported as DOTS: internal (the solver names its own trajectory) or external "
+                    "(a separate planner model names it and the warm-up solver follows); both are trained")
+    external_max_steps: int = Field(ge=1, description="optimizer steps of the external planner")
+    min_examples: int = Field(ge=0, description="fewer kept search questions than this stop the stage; with none "
+                                                "kept and min_examples 0, the planners are copies of the solver")
+
+
 class SandboxParams(_Section):
+    """Limits for every model-written program (DOTS ``pot``), wherever it runs."""
+
     cpu_seconds: int = Field(ge=1, description="CPU time per program")
     wall_seconds: float = Field(gt=0, description="wall time per program")
     memory_mb: int = Field(ge=32, description="address-space limit per program")
     workers: int = Field(ge=1, description="programs run at once")
 
 
+class DotsSearchParams(_Section):
+    n_questions: int | None = Field(ge=1, description="search the first n training questions (null = all)")
+    iterations: int = Field(ge=1, description="K: search iterations")
+    n_eval: int = Field(ge=1, description="N_eval: samples per candidate trajectory per iteration")
+    keep: list[int] = Field(min_length=1, description="N_k: candidates kept after each iteration (one per iteration)")
+    temperature: float = Field(gt=0, description="solver sampling temperature (> 0: the search needs variety)")
+    verify_retries: int = Field(ge=0, description="re-solves after a failed self-check (verify action)")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+    chunk_size: int = Field(ge=1, description="questions per resumable chunk")
+
+    @model_validator(mode="after")
+    def _keep_per_iteration(self):
+        if len(self.keep) != self.iterations:
+            raise ValueError(f"keep has {len(self.keep)} entries, expected one per iteration ({self.iterations})")
+        return self
+
+
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
+    dots: bool = Field(
+        description="also evaluate the sft stage's models: DOTS planners (internalized, external) and vanilla SFT")
     formats: Literal["all", "own_choice"] | list[str] = Field(
         description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
     batch_size: int = Field(ge=1, description="prompts per generation batch")
     max_new_tokens: int = Field(ge=1, description="generation length cap")
-    sandbox: SandboxParams
 
 
 class TrackingParams(_Section):
@@ -104,7 +146,10 @@ class Params(_Section):
     task: TaskParams
     prepare: PrepareParams
     model: ModelParams
+    sandbox: SandboxParams
     warmup: WarmupParams
+    dots_search: DotsSearchParams
+    sft: SftParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 

@@ -80,6 +80,11 @@ class SandboxResult:
     reason: str  # "ok", "timeout", "error: <last stderr line>", "output too large", ...
 
 
+def sandbox_limits(cfg) -> SandboxLimits:
+    """Limits from the ``sandbox`` section of params.yaml."""
+    return SandboxLimits(cfg.cpu_seconds, cfg.wall_seconds, cfg.memory_mb)
+
+
 def _limit_child(limits: SandboxLimits):
     def apply() -> None:
         os.setsid()  # own process group, so a timeout kills everything it started

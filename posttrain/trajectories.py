@@ -79,6 +79,11 @@ def prompt(question: str, trajectory: Trajectory | None = None) -> str:
     return head if trajectory is None else f"{head} {trajectory.name}\n"
 
 
+def plain_prompt(question: str) -> str:
+    """The input of a model trained without trajectories (vanilla SFT): the question alone."""
+    return f"{QUESTION_PREFIX}{question}\n"
+
+
 def split_choice(completion: str) -> tuple[Trajectory | None, str]:
     """For a completion of an open prompt: the trajectory the model named, and the rest.
 

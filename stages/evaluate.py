@@ -2,7 +2,9 @@
 
 For every model in ``evaluate.models`` (directories under models/) and every format (each of the 12
 trajectories named in the prompt, and ``own_choice``, where the model names its trajectory), the
-model answers every test question greedily; ``pot`` programs run in the sandbox. Writes
+model answers every test question greedily; ``pot`` programs run in the sandbox. With
+``evaluate.dots``, also the DOTS planners of the `sft` stage: the internalized planner (its own choice)
+and the external planner naming the trajectory the warm-up solver then follows. Writes
 reports/metrics/evaluate.json (DVC metrics), reports/plots/accuracy_by_difficulty.csv (DVC plot),
 reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot.
 """
@@ -19,13 +21,14 @@ from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator
 from posttrain.modeling import load_pretrained
-from posttrain.params import EvaluateParams, load_params
-from posttrain.sandbox import SandboxLimits
+from posttrain.params import EvaluateParams, SandboxParams, load_params
+from posttrain.sandbox import sandbox_limits
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
-from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, prompt
+from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, plain_prompt, prompt, split_choice
 
 TEST = "data/prepared/test.jsonl"
+SOLVER, INTERNAL, PLANNER, VANILLA = "models/warmup", "models/sft", "models/planner", "models/sft_vanilla"
 METRICS = Path("reports/metrics/evaluate.json")
 PLOT_CSV = Path("reports/plots/accuracy_by_difficulty.csv")
 RESPONSES = Path("reports/evaluate/responses.jsonl")
@@ -43,18 +46,49 @@ def resolve_formats(formats) -> list[str]:
     return list(formats)
 
 
-def evaluate_model(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams, seed: int):
-    """(rows, summary) for one model: generate every (question, format) and score it."""
+def generator_for(model_dir: str, cfg: EvaluateParams, max_new_tokens: int | None = None) -> HFGenerator:
     tokenizer, model = load_pretrained(model_dir)
-    generator = HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens)
+    return HFGenerator(model, tokenizer, cfg.batch_size, max_new_tokens or cfg.max_new_tokens)
+
+
+def evaluate_model(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams,
+                   sandbox: SandboxParams, seed: int):
+    """(rows, summary) for one model: generate every (question, format) and score it."""
+    generator = generator_for(model_dir, cfg)
     jobs = [(rec, fmt) for fmt in formats for rec in records]
     prompts = [prompt(rec["question"], None if fmt == OWN_CHOICE else Trajectory.from_name(fmt)) for rec, fmt in jobs]
     completions = generator.generate(prompts, seed=seed, desc=f"evaluate {Path(model_dir).name}")
-    limits = SandboxLimits(cfg.sandbox.cpu_seconds, cfg.sandbox.wall_seconds, cfg.sandbox.memory_mb)
     rows = score_responses([r for r, _ in jobs], [f for _, f in jobs], [c.text for c in completions],
-                           limits, cfg.sandbox.workers)
+                           sandbox_limits(sandbox), sandbox.workers)
     for row, c in zip(rows, completions):
         row["n_tokens"] = c.n_tokens
+    return rows, summarize(rows, [c.n_tokens for c in completions])
+
+
+def evaluate_external(planner_dir: str, solver_dir: str, records: list[dict], cfg: EvaluateParams,
+                      sandbox: SandboxParams, seed: int):
+    """(rows, summary) for DOTS with an external planner: it names a trajectory, the solver follows it
+    (when the planner names none, the solver chooses its own)."""
+    plans = generator_for(planner_dir, cfg, max_new_tokens=16).generate(
+        [prompt(r["question"]) for r in records], seed=seed, desc="evaluate planner")
+    chosen = [split_choice(p.text)[0] for p in plans]
+    completions = generator_for(solver_dir, cfg).generate(
+        [prompt(r["question"], t) for r, t in zip(records, chosen)], seed=seed, desc="evaluate planner+solver")
+    rows = score_responses(records, [t.name if t else OWN_CHOICE for t in chosen], [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    for row, c, t in zip(rows, completions, chosen):
+        row.update(n_tokens=c.n_tokens, format="external", trajectory=t.name if t else row["trajectory"])
+    return rows, summarize(rows, [c.n_tokens for c in completions])
+
+
+def evaluate_vanilla(model_dir: str, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams, seed: int):
+    """(rows, summary) for the vanilla SFT baseline: the question alone in, a plain solution out."""
+    completions = generator_for(model_dir, cfg).generate([plain_prompt(r["question"]) for r in records], seed=seed,
+                                                         desc="evaluate vanilla")
+    rows = score_responses(records, ["cot"] * len(records), [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    for row, c in zip(rows, completions):
+        row.update(n_tokens=c.n_tokens, format="vanilla", trajectory=None)
     return rows, summarize(rows, [c.n_tokens for c in completions])
 
 
@@ -81,15 +115,22 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
 def main() -> None:
     params = load_params()
     cfg = params.evaluate
-    with stage_run("evaluate", params, sections=["seed", "evaluate"]):
+    with stage_run("evaluate", params, sections=["seed", "sandbox", "evaluate"]):
         with open(TEST, encoding="utf-8") as f:
             records = [json.loads(line) for line in f]
         records = records[: cfg.n_test] if cfg.n_test else records
         formats = resolve_formats(cfg.formats)
+        systems = {name: lambda name=name: evaluate_model(f"models/{name}", records, formats, cfg, params.sandbox,
+                                                           params.seed) for name in cfg.models}
+        if cfg.dots:
+            systems["dots_internal"] = lambda: evaluate_model(INTERNAL, records, [OWN_CHOICE], cfg, params.sandbox,
+                                                              params.seed)
+            systems["dots_external"] = lambda: evaluate_external(PLANNER, SOLVER, records, cfg, params.sandbox,
+                                                                 params.seed)
+            systems["sft_vanilla"] = lambda: evaluate_vanilla(VANILLA, records, cfg, params.sandbox, params.seed)
         all_rows, summaries = [], {}
-        for name in cfg.models:
-            model_dir = str(Path("models") / name)
-            rows, summary = evaluate_model(model_dir, records, formats, cfg, params.seed)
+        for name, run in systems.items():
+            rows, summary = run()
             all_rows += [{"model": name, **r} for r in rows]
             summaries[name] = summary
             mlflow.log_metrics({f"{name}.accuracy": summary["accuracy"],

@@ -25,7 +25,8 @@ def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[s
     """Distinct arithmetic questions, balanced by difficulty and form, cut into the three splits."""
     sizes = {"train": prep.n_train, "dev": prep.n_dev, "test": prep.n_test}
     problems = generate_problems(
-        sum(sizes.values()), seed, range(1, task.max_difficulty + 1), task.max_operand, task.max_value
+        sum(sizes.values()), seed, range(1, task.max_difficulty + 1), task.max_operand, task.max_value,
+        kind_weights=task.kind_weights,
     )
     splits, start = {}, 0
     for name in SPLITS:

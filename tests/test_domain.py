@@ -62,7 +62,9 @@ def test_open_prompt_round_trip():
 
 def test_every_reference_response_is_scored_correct():
     """Reference responses of all 12 trajectories, pot programs run in the sandbox, are all correct."""
-    problems = generate_problems(12, seed=5, difficulties=range(1, 7), max_operand=20, max_value=200)
+    problems = generate_problems(24, seed=5, difficulties=range(1, 7), max_operand=20, max_value=200,
+                                 kind_weights={"chain": 1, "bignum": 1, "distractor": 1})
+    assert {p.kind for p in problems} == {"chain", "bignum", "distractor"}
     records = [{"id": str(i), "answer": p.answer, "difficulty": p.difficulty} for i, p in enumerate(problems)]
     recs, fmts, texts = [], [], []
     for rec, p in zip(records, problems):
@@ -85,3 +87,19 @@ def test_wrong_response_is_scored_wrong():
                            ["Answer: 35", wrong_program, render_response(p, BY_NAME["pot+verify"]).replace("== 7", "== 8")])
     assert [r["correct"] for r in rows] == [False, False, False]
     assert rows[2]["reason"].startswith("error: AssertionError")
+
+
+def test_question_kinds():
+    problems = generate_problems(300, seed=2, difficulties=range(1, 7), max_operand=12, max_value=60,
+                                 kind_weights={"chain": 0.5, "bignum": 0.25, "distractor": 0.25})
+    by_kind = {k: [p for p in problems if p.kind == k] for k in ("chain", "bignum", "distractor")}
+    assert 100 < len(by_kind["chain"]) < 200 and len(by_kind["bignum"]) > 40 and len(by_kind["distractor"]) > 40
+    assert all(max(p.values()) <= 60 for p in by_kind["chain"])
+    assert all(any(s.operand >= 11 for s in p.steps) and "div" not in {s.op for s in p.steps} for p in by_kind["bignum"])
+    for p in by_kind["distractor"]:
+        assert p.form == "words" and p.distractors
+        assert all(text in p.question for _, text in p.distractors)
+        # rewrite restates the question as the clean expression: the distractors are gone
+        rewrite = render_response(p, BY_NAME["rewrite+cot"]).splitlines()[0]
+        assert rewrite == f"Rewrite: Compute {p.expression()}." and not any(t in rewrite for _, t in p.distractors)
+        assert Problem.from_fields({**p.to_fields()}) == p

@@ -59,3 +59,12 @@ def test_noisy_solver_mostly_finds_a_clear_winner():
 def test_config_checks_keep_length():
     with pytest.raises(ValueError, match="one per iteration"):
         SearchConfig(iterations=3, keep=(8, 3))
+
+
+def test_resume_file_ignores_a_line_cut_by_a_kill(tmp_path):
+    from stages.dots_search import read_done
+
+    path = tmp_path / "done.jsonl"
+    path.write_text('{"id": "a", "optimal": "cot"}\n{"id": "b", "optimal": "pot"}\n{"id": "c", "opt')
+    assert sorted(read_done(path)) == ["a", "b"]
+    assert read_done(tmp_path / "missing.jsonl") == {}

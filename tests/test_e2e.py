@@ -19,7 +19,7 @@ from posttrain.orchestration import prefect_settings
 from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "base_model", "warmup", "evaluate"]
+STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "evaluate"]
 pytestmark = pytest.mark.e2e
 
 
@@ -76,7 +76,11 @@ def test_repro_writes_every_output(repro):
     assert (repo / "reports/plots/accuracy_by_difficulty.csv").read_text().startswith("difficulty,accuracy")
     assert (repo / "reports/evaluate/accuracy_by_difficulty.png").stat().st_size > 1000
     rows = [json.loads(line) for line in (repo / "reports/evaluate/responses.jsonl").open()]
-    assert len(rows) == 13 * 12 and {"response", "predicted", "correct", "reason"} <= set(rows[0])
+    assert len(rows) == 13 * 12 + 3 * 12 and {"response", "predicted", "correct", "reason"} <= set(rows[0])
+    assert {"dots_internal", "dots_external", "sft_vanilla"} <= set(metrics)
+    search = [json.loads(line) for line in (repo / "data/dots/search.jsonl").open()]
+    assert len(search) == 12 and all(r["optimal"] or r["dropped"] for r in search)
+    assert (repo / "models/sft/config.json").is_file() and (repo / "models/planner/config.json").is_file()
 
 
 def test_one_mlflow_run_per_stage_with_lineage(repro):
@@ -124,6 +128,28 @@ def test_warmup_resumes_after_a_kill(repro):
     out = run(["dvc", "repro", "warmup"], repo)
     assert "warmup: resuming from" in out and "checkpoint-" in out
     assert not list((repo / "checkpoints/warmup").glob("*")), "checkpoints are cleaned after success"
+
+
+def test_dots_search_resumes_after_a_kill(repro):
+    repo, _ = repro
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["dots_search"]["temperature"] = 0.7
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = subprocess.Popen(["dvc", "repro", "dots_search"], cwd=repo, env=_env(repo.parent),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    done = []
+    while time.time() < deadline and proc.poll() is None:
+        done = list((repo / "checkpoints/dots_search").glob("*/done.jsonl"))
+        if done and done[0].read_text().count("\n") >= 6:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert done, "the search wrote no progress before the kill"
+    out = run(["dvc", "repro", "dots_search"], repo)
+    assert "dots_search: resuming, 6 of 12 questions already searched" in out
+    assert len((repo / "data/dots/search.jsonl").read_text().splitlines()) == 12
 
 
 def test_prefect_flow_runs_the_pipeline(tmp_path):

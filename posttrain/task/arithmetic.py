@@ -2,8 +2,15 @@
 
 A problem is a start value and a chain of operations (``difficulty`` = number of operations), asked
 either in words ("Start with 7. Add 5. ...") or as one nested expression ("Compute ((7 + 5) * 3) - 4.").
-Every intermediate value stays a non-negative integer no larger than ``max_value`` and divisions are
-exact, so a small model can learn the steps and a verifier can check the final integer.
+Every intermediate value stays a non-negative integer and divisions are exact, so a verifier can check
+the final integer.
+
+Three kinds of question make the choice of reasoning trajectory matter (DOTS, METHODS.md section 1):
+- ``chain``: small numbers (values up to ``max_value``); a small model can do each step in text.
+- ``bignum``: two- and three-digit operands (values in the thousands); step-by-step text arithmetic
+  fails for a small model, while a program (``pot``) only has to copy the numbers.
+- ``distractor``: a ``chain`` in words with irrelevant sentences holding numbers between the steps;
+  restating the question as a clean expression first (``rewrite``) removes them.
 
 Example:
     >>> import random
@@ -21,6 +28,16 @@ from posttrain.task.records import DataError
 
 Op = Literal["add", "sub", "mul", "div"]
 Form = Literal["words", "expression"]
+Kind = Literal["chain", "bignum", "distractor"]
+KINDS: tuple[str, ...] = ("chain", "bignum", "distractor")
+
+# bignum ranges: start 10..99, add/sub 100..999, multiply by 11..29; no division
+BIG_START, BIG_ADD, BIG_MUL = (10, 99), (100, 999), (11, 29)
+
+_DISTRACTORS = (
+    "A box holds {n} pens.", "The bus leaves at {n} o'clock.", "Tom is {n} years old.",
+    "There are {n} birds outside.", "The room has {n} chairs.", "Ann reads {n} pages a day.",
+)
 
 SYMBOL: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 # Inverse operation, used by the verification action to walk back to the start value.
@@ -62,6 +79,8 @@ class Problem:
     steps: tuple[Step, ...]
     form: Form
     phrasing: tuple[int, ...] = ()  # template index per step (words form only)
+    kind: Kind = "chain"
+    distractors: tuple[tuple[int, str], ...] = ()  # (insert after step i, sentence), words form only
 
     @property
     def difficulty(self) -> int:
@@ -86,11 +105,14 @@ class Problem:
             text = f"{left} {SYMBOL[s.op]} {s.operand}"
         return text
 
-    def words(self) -> str:
+    def words(self, with_distractors: bool = True) -> str:
+        inserted = dict(self.distractors) if with_distractors else {}
         parts = [f"Start with {self.start}."]
         for i, s in enumerate(self.steps):
             template = _WORDS[s.op][self.phrasing[i] if i < len(self.phrasing) else 0]
             parts.append(template.format(k=s.operand))
+            if i in inserted:
+                parts.append(inserted[i])
         return " ".join(parts) + " What is the result?"
 
     @property
@@ -104,6 +126,8 @@ class Problem:
             "start": self.start,
             "steps": [[s.op, s.operand] for s in self.steps],
             "phrasing": list(self.phrasing),
+            "kind": self.kind,
+            "distractors": [list(d) for d in self.distractors],
         }
 
     @classmethod
@@ -113,6 +137,8 @@ class Problem:
             steps=tuple(Step(op, int(k)) for op, k in record["steps"]),
             form=record["form"],
             phrasing=tuple(record.get("phrasing") or ()),
+            kind=record.get("kind", "chain"),
+            distractors=tuple((int(i), text) for i, text in record.get("distractors") or ()),
         )
 
 
@@ -126,15 +152,23 @@ def _feasible_steps(x: int, max_operand: int, max_value: int) -> list[Step]:
     return steps
 
 
+def _big_steps(x: int, rng: random.Random) -> list[Step]:
+    steps = [Step("add", rng.randint(*BIG_ADD)), Step("mul", rng.randint(*BIG_MUL))]
+    k = rng.randint(BIG_ADD[0], min(BIG_ADD[1], x)) if x >= BIG_ADD[0] else None
+    return steps + ([Step("sub", k)] if k else [])
+
+
 def sample_problem(
-    rng: random.Random, difficulty: int, form: Form, max_operand: int, max_value: int
+    rng: random.Random, difficulty: int, form: Form, max_operand: int, max_value: int, kind: Kind = "chain",
 ) -> Problem:
     """Draw one problem with ``difficulty`` operations; the operation type is drawn first, uniformly
     among the feasible ones, so multiplication and division are not drowned out by add/sub."""
-    start = rng.randint(1, max(max_operand, max_value // 2))
+    if kind == "distractor":
+        form = "words"
+    start = rng.randint(*BIG_START) if kind == "bignum" else rng.randint(1, max(max_operand, max_value // 2))
     x, steps = start, []
     for _ in range(difficulty):
-        feasible = _feasible_steps(x, max_operand, max_value)
+        feasible = _big_steps(x, rng) if kind == "bignum" else _feasible_steps(x, max_operand, max_value)
         by_op: dict[str, list[Step]] = {}
         for s in feasible:
             by_op.setdefault(s.op, []).append(s)
@@ -143,18 +177,25 @@ def sample_problem(
         steps.append(step)
         x = apply_op(step.op, x, step.operand)
     phrasing = tuple(rng.randrange(len(_WORDS[s.op])) for s in steps) if form == "words" else ()
-    return Problem(start=start, steps=tuple(steps), form=form, phrasing=phrasing)
+    distractors: tuple[tuple[int, str], ...] = ()
+    if kind == "distractor":
+        places = sorted(rng.sample(range(difficulty), k=max(1, difficulty // 2)))
+        distractors = tuple((i, rng.choice(_DISTRACTORS).format(n=rng.randint(2, max_value))) for i in places)
+    return Problem(start=start, steps=tuple(steps), form=form, phrasing=phrasing, kind=kind, distractors=distractors)
 
 
 def generate_problems(
     n: int, seed: int, difficulties: range, max_operand: int, max_value: int,
-    forms: tuple[Form, ...] = ("words", "expression"),
+    forms: tuple[Form, ...] = ("words", "expression"), kind_weights: dict[str, float] | None = None,
 ) -> list[Problem]:
-    """``n`` problems with distinct question texts, balanced over difficulties and forms.
+    """``n`` problems with distinct question texts, balanced over difficulties and forms, of kinds
+    drawn with ``kind_weights`` (default: all ``chain``).
 
     Raises ``DataError`` when the space of distinct questions is too small for ``n``.
     """
     rng = random.Random(seed)
+    weights_by_kind = {k: w for k, w in (kind_weights or {"chain": 1.0}).items() if w > 0}
+    kinds, weights = list(weights_by_kind), list(weights_by_kind.values())
     seen: set[str] = set()
     out: list[Problem] = []
     attempts = 0
@@ -162,7 +203,8 @@ def generate_problems(
         i = len(out)
         difficulty = difficulties[i % len(difficulties)]
         form = forms[(i // len(difficulties)) % len(forms)]
-        p = sample_problem(rng, difficulty, form, max_operand, max_value)
+        kind = rng.choices(kinds, weights)[0] if len(kinds) > 1 else kinds[0]
+        p = sample_problem(rng, difficulty, form, max_operand, max_value, kind)
         attempts += 1
         if p.question in seen:
             if attempts > 50 * n:

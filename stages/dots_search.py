@@ -1,0 +1,175 @@
+"""Stage `dots_search`: DOTS optimal-trajectory search over the training questions with the warm-up solver.
+
+For each searched question (the first ``dots_search.n_questions``), the search of posttrain.dots runs
+every candidate trajectory ``n_eval`` times per iteration at temperature > 0, with generation batched
+across questions and candidates. Writes data/dots/search.jsonl (per question: every candidate's success
+counts, the optimal trajectory, whether it was dropped) and the distribution of optimal trajectories by
+difficulty and question kind (reports/metrics/dots_search.json, reports/dots/optimal_trajectories.png).
+
+Resumable: questions are searched in chunks, each appended to checkpoints/dots_search/<key>/done.jsonl
+as it completes; a re-run skips the questions already there.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import mlflow
+from tqdm.auto import tqdm
+
+from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.dots import SearchConfig, search_trajectories
+from posttrain.errors import stage_main
+from posttrain.executor import TrajectoryExecutor
+from posttrain.generation import HFGenerator
+from posttrain.modeling import load_pretrained
+from posttrain.params import Params, load_params
+from posttrain.sandbox import sandbox_limits
+from posttrain.tracking import stage_run
+from posttrain.trajectories import BY_NAME, TRAJECTORIES
+
+SOLVER, TRAIN, OUT = "models/warmup", "data/prepared/train.jsonl", Path("data/dots")
+METRICS, PLOT = Path("reports/metrics/dots_search.json"), Path("reports/dots/optimal_trajectories.png")
+CHECKPOINTS = Path("checkpoints/dots_search")
+
+
+def checkpoint_file(params: Params) -> Path:
+    """done.jsonl under a key of the search params and the solver/data bytes: only a matching run resumes."""
+    h = hashlib.sha256(json.dumps([params.seed, params.dots_search.model_dump(), params.sandbox.model_dump()],
+                                  sort_keys=True).encode())
+    for path in [Path(TRAIN), *sorted(Path(SOLVER).glob("*"))]:
+        if path.is_file():
+            h.update(path.read_bytes())
+    return CHECKPOINTS / h.hexdigest()[:16] / "done.jsonl"
+
+
+def read_done(path: Path) -> dict[str, dict]:
+    """Results already searched; a line cut short by a kill is ignored (its question is searched again)."""
+    done = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[rec["id"]] = rec
+    return done
+
+
+def summarize(results: list[dict], records: dict[str, dict]) -> dict:
+    """Optimal-trajectory counts by difficulty and kind, drop counts, mean actions per difficulty."""
+    by_diff: dict[str, Counter] = defaultdict(Counter)
+    by_kind: dict[str, Counter] = defaultdict(Counter)
+    actions: dict[str, list[int]] = defaultdict(list)
+    for r in results:
+        rec = records[r["id"]]
+        key = r["optimal"] or f"dropped: {r['dropped']}"
+        by_diff[str(rec["difficulty"])][key] += 1
+        by_kind[rec.get("kind", "chain")][key] += 1
+        if r["optimal"]:
+            actions[str(rec["difficulty"])].append(BY_NAME[r["optimal"]].n_actions)
+    kept = [r for r in results if r["optimal"]]
+    return {
+        "n_searched": len(results), "n_kept": len(kept),
+        "n_all_solved": sum(r["dropped"] == "all solved" for r in results),
+        "n_all_failed": sum(r["dropped"] == "all failed" for r in results),
+        "n_distinct_optimal": len({r["optimal"] for r in kept}),
+        "optimal_by_difficulty": {d: dict(c) for d, c in sorted(by_diff.items(), key=lambda x: int(x[0]))},
+        "optimal_by_kind": {k: dict(c) for k, c in sorted(by_kind.items())},
+        "mean_actions_by_difficulty": {d: round(sum(a) / len(a), 3) for d, a in sorted(actions.items())},
+    }
+
+
+def plot_distribution(summary: dict, path: Path) -> None:
+    """Stacked bars: share of each optimal trajectory per difficulty and per question kind."""
+    names = [t.name for t in TRAJECTORIES] + ["dropped: all solved", "dropped: all failed"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, key, label in ((axes[0], "optimal_by_difficulty", "difficulty"), (axes[1], "optimal_by_kind", "kind")):
+        groups = list(summary[key])
+        bottom = [0.0] * len(groups)
+        for i, name in enumerate(names):
+            shares = [summary[key][g].get(name, 0) / max(1, sum(summary[key][g].values())) for g in groups]
+            if any(shares):
+                ax.bar(groups, shares, bottom=bottom, label=name, color=plt.cm.tab20(i % 20))
+                bottom = [b + s for b, s in zip(bottom, shares)]
+        ax.set(xlabel=label, ylabel="share of searched questions", title=f"optimal trajectory by {label}")
+    axes[1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    cfg = params.dots_search
+    with stage_run("dots_search", params, sections=["seed", "sandbox", "dots_search"]):
+        with open(TRAIN, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f][: cfg.n_questions]
+        by_id = {r["id"]: r for r in records}
+        tokenizer, model = load_pretrained(SOLVER)
+        executor = TrajectoryExecutor(HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens),
+                                      sandbox_limits(params.sandbox), params.sandbox.workers, cfg.verify_retries)
+        search = SearchConfig(cfg.iterations, cfg.n_eval, tuple(cfg.keep), cfg.temperature)
+        progress_file = checkpoint_file(params)
+        done = read_done(progress_file)
+        if done:
+            print(f"dots_search: resuming, {len(done)} of {len(records)} questions already searched")
+            mlflow.set_tag("resumed_questions", len(done))
+        cost = {"generations": 0, "generated_tokens": 0, "seconds": 0.0}
+        calls = 0
+
+        def run_samples(jobs, n):
+            nonlocal calls
+            calls += 1
+            recs = [by_id[q] for q, _ in jobs for _ in range(n)]
+            rows = executor.run(recs, [t for _, t in jobs for _ in range(n)], cfg.temperature,
+                                seed=params.seed + 1000 * calls, desc=f"search call {calls}")
+            cost["generations"] += sum(r["attempts"] for r in rows)
+            cost["generated_tokens"] += sum(r["n_tokens"] for r in rows)
+            return [sum(rows[j * n + s]["correct"] for s in range(n)) for j in range(len(jobs))]
+
+        todo = [r["id"] for r in records if r["id"] not in done]
+        progress_file.parent.mkdir(parents=True, exist_ok=True)
+        with progress_file.open("a", encoding="utf-8") as log, tqdm(total=len(records), initial=len(done),
+                                                                   desc="dots_search", unit="question") as bar:
+            for start in range(0, len(todo), cfg.chunk_size):
+                chunk = todo[start:start + cfg.chunk_size]
+                t0 = time.perf_counter()
+                for result in search_trajectories(chunk, run_samples, search):
+                    rec = {**result.to_record(), "difficulty": by_id[result.id]["difficulty"],
+                           "kind": by_id[result.id].get("kind", "chain")}
+                    done[result.id] = rec
+                    log.write(json.dumps(rec) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
+                cost["seconds"] += time.perf_counter() - t0
+                bar.update(len(chunk))
+                mlflow.log_metrics({"searched": len(done), **cost}, step=len(done))
+        results = [done[r["id"]] for r in records]
+        summary = summarize(results, by_id)
+        if cost["seconds"]:
+            n_new = len(todo)
+            summary["cost"] = {**cost, "generations_per_question": round(cost["generations"] / n_new, 2),
+                               "seconds_per_question": round(cost["seconds"] / n_new, 3)}
+        with atomic_dir(OUT) as tmp:
+            (tmp / "search.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+        atomic_write_json(METRICS, summary)
+        plot_distribution(summary, PLOT)
+        mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        mlflow.log_dict(summary, "dots_search.json")
+        mlflow.log_artifact(str(PLOT))
+        shutil.rmtree(progress_file.parent, ignore_errors=True)
+        print(f"dots_search: {summary['n_kept']} of {summary['n_searched']} questions kept, "
+              f"{summary['n_distinct_optimal']} distinct optimal trajectories -> {OUT}/search.jsonl")
+
+
+if __name__ == "__main__":
+    main()
