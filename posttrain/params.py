@@ -170,6 +170,8 @@ def _describe(err: dict) -> str:
         return f"{loc}: missing, expected a value"
     if kind == "extra_forbidden":
         return f"{loc}: unknown key (got {err['input']!r}); check the spelling against configs/params.smoke.yaml"
+    if isinstance(err["input"], dict):  # a check across a whole section: its message says it all
+        return f"{loc}: {err['msg'].removeprefix('Value error, ')}"
     expected = _EXPECTED.get(kind) or err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
     return f"{loc}: got {err['input']!r}, expected {expected}"
 
