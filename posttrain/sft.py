@@ -68,12 +68,13 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     if resume:
         print(f"{name}: resuming from {resume}")
         mlflow.set_tag(f"{name}.resumed_from", resume)
+    # train_runtime covers this session only; read the tokens before training rotates the checkpoint away
+    tokens_before = tokens_seen(json.loads((Path(resume) / "trainer_state.json").read_text())["log_history"]) \
+        if resume else 0
     trainer = SFTTrainer(model=model, args=sft_config(cfg, ckpt, seed), train_dataset=Dataset.from_list(examples),
                          processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=resume)
-    n_tokens = tokens_seen(trainer.state.log_history)
-    if resume:  # train_runtime covers this session only
-        n_tokens -= tokens_seen(json.loads((Path(resume) / "trainer_state.json").read_text())["log_history"])
+    n_tokens = tokens_seen(trainer.state.log_history) - tokens_before
     summary = {"train_tokens": n_tokens, "train_tokens_per_s": n_tokens / max(result.metrics["train_runtime"], 1e-9),
                "final_loss": result.metrics["train_loss"], "n_examples": len(examples)}
     mlflow.log_metrics({f"{metric_prefix}{k}": v for k, v in summary.items()})

@@ -47,11 +47,12 @@ def configure(params: Params) -> str:
 def git_state() -> dict[str, str]:
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+            # rstrip only: `git status --porcelain` lines start with a meaningful space
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.rstrip()
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    commit = git("rev-parse", "HEAD") or "unknown"
+    commit = git("rev-parse", "HEAD").strip() or "unknown"
     # dvc.lock and the git-tracked reports change during a repro; only other changes make a run dirty.
     status = [ln for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()
               if not ln[3:].startswith(("dvc.lock", "reports/"))]
