@@ -30,10 +30,11 @@ RunSamples = Callable[[list[tuple[str, Trajectory]], int], list[int]]
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """The search's sizes; the solver's sampling temperature belongs to ``run_samples``."""
+
     iterations: int = 2  # K: search iterations
     n_eval: int = 4  # samples per candidate per iteration
     keep: tuple[int, ...] = (8, 3)  # N_k: candidates kept after iteration k
-    temperature: float = 0.4  # sampling temperature of the solver (used by the caller's run_samples)
 
     def __post_init__(self):
         if len(self.keep) != self.iterations:

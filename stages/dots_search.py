@@ -117,7 +117,7 @@ def main() -> None:
         tokenizer, model = load_pretrained(SOLVER)
         executor = TrajectoryExecutor(HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens),
                                       sandbox_limits(params.sandbox), params.sandbox.workers, cfg.verify_retries)
-        search = SearchConfig(cfg.iterations, cfg.n_eval, tuple(cfg.keep), cfg.temperature)
+        search = SearchConfig(cfg.iterations, cfg.n_eval, tuple(cfg.keep))
         progress_file = checkpoint_file(params)
         done = read_done(progress_file)
         if done:
