@@ -124,6 +124,53 @@ class DotsSearchParams(_Section):
         return self
 
 
+class SeppoSampleParams(_Section):
+    """SePPO reference sampling (METHODS.md section 2): reference responses from earlier SFT checkpoints."""
+
+    n_prompts: int | None = Field(ge=1, description="sample for the first n training prompts (null = all)")
+    samples_per_prompt: int = Field(ge=1, description="reference responses per prompt, each from its own checkpoint")
+    temperature: float = Field(gt=0, description="reference sampling temperature")
+    label: Literal["verifier", "anchor"] = Field(
+        description="what decides chosen/rejected in the written pairs: the task verifier, or the anchor rule (AAF)")
+    batch_size: int = Field(ge=1, description="prompts per generation / log-prob batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+
+
+class PreferenceBenchmarkParams(_Section):
+    """The held-out preference benchmark, built from the test split only."""
+
+    samples_per_checkpoint: int = Field(ge=1, description="responses per test question from each checkpoint")
+    temperature: float = Field(gt=0, description="sampling temperature (variety between responses)")
+    pairs_per_difficulty: int = Field(ge=1, description="decisive pairs (one right, one wrong) per difficulty")
+    hard_pairs_per_difficulty: int = Field(
+        ge=0, description="tie pairs per difficulty and kind (both wrong, different answers; both right, different lengths)")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+
+
+class RewardModelParams(TrainingParams):
+    """The pairwise preference model with uncertainty, and the pointwise baseline (METHODS.md section 3)."""
+
+    estimator: Literal["sngp", "mc_dropout", "ensemble"] = Field(description="uncertainty estimator of the PM head")
+    random_features: int = Field(ge=8, description="sngp: D, random Fourier features")
+    feature_scale: float = Field(gt=0, description="sngp: sigma, std of the frozen random projection W")
+    ridge: float = Field(gt=0, description="sngp: ridge of the Laplace precision matrix")
+    uncertainty_lambda: float = Field(ge=0, description="lambda in u = sqrt(1 + lambda * var)")
+    dropout: float = Field(ge=0, lt=1, description="mc_dropout: dropout rate on the pooled features")
+    mc_samples: int = Field(ge=2, description="mc_dropout: stochastic passes per pair")
+    ensemble_size: int = Field(ge=2, description="ensemble: independently initialised heads on the shared backbone")
+    max_response_tokens: int = Field(ge=8, description="each response keeps at most its last this many tokens")
+    pointwise_max_steps: int = Field(ge=1, description="steps of the pointwise Bradley-Terry RM baseline (TRL RewardTrainer)")
+    eval_batch_size: int = Field(ge=1, description="pairs per scoring batch")
+
+
+class PolicyOptParams(TrainingParams):
+    """Offline policy optimisation on the SePPO pairs (bench/seppo_vs_dpo.py compares the two losses)."""
+
+    loss: Literal["seppo", "dpo"] = Field(description="seppo (anchor-based flip of the reference sample) or dpo")
+    beta: float = Field(gt=0, description="inverse temperature of the preference loss")
+
+
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
@@ -150,6 +197,10 @@ class Params(_Section):
     warmup: WarmupParams
     dots_search: DotsSearchParams
     sft: SftParams
+    seppo_sample: SeppoSampleParams
+    preference_benchmark: PreferenceBenchmarkParams
+    train_rm: RewardModelParams
+    policy_opt: PolicyOptParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 

@@ -44,20 +44,38 @@ def tokens_seen(log_history: list[dict]) -> int:
     return int(max((log.get("num_tokens", 0) for log in log_history), default=0))
 
 
-def sft_config(cfg: WarmupParams, output_dir: Path, seed: int) -> SFTConfig:
+def sft_config(cfg: WarmupParams, output_dir: Path, seed: int, keep_all: bool = False) -> SFTConfig:
     return SFTConfig(
         output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
         max_length=cfg.max_length, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
-        save_total_limit=2, seed=seed, data_seed=seed, use_cpu=not torch.cuda.is_available(), report_to=["mlflow"],
+        save_total_limit=None if keep_all else 2, seed=seed, data_seed=seed, use_cpu=not torch.cuda.is_available(),
+        report_to=["mlflow"],
         dataloader_num_workers=0, train_sampling_strategy="group_by_length", dataset_num_proc=2,
     )
 
 
+def save_snapshots(ckpt: Path, dest: Path, last_step: int) -> None:
+    """Copy the weights, config and tokenizer of every ``checkpoint-<n>`` with n < last_step to dest/step-<n>."""
+    with atomic_dir(dest) as tmp:
+        for src in sorted(ckpt.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
+            step = int(src.name.split("-")[1])
+            if step < last_step:
+                (tmp / f"step-{step:05d}").mkdir()
+                for f in src.iterdir():
+                    if f.is_file() and not f.name.startswith(("optimizer", "scheduler", "rng_state", "trainer_state",
+                                                               "training_args")):
+                        shutil.copy2(f, tmp / f"step-{step:05d}" / f.name)
+
+
 def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str, checkpoint_root: Path,
-              key_files: list[Path], seed: int, name: str = "sft", metric_prefix: str = "") -> dict:
+              key_files: list[Path], seed: int, name: str = "sft", metric_prefix: str = "",
+              snapshots: str | None = None) -> dict:
     """Fine-tune ``init_model`` on prompt/completion ``examples``; save to ``out`` atomically.
+
+    With ``snapshots``, every checkpoint before the last step is also kept (weights and tokenizer only) as
+    ``<snapshots>/step-<n>``: SePPO draws its reference models from them.
 
     Returns ``{"train_tokens", "train_tokens_per_s", "final_loss", "resumed_from"}`` (also logged to MLflow).
     """
@@ -71,8 +89,8 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     # train_runtime covers this session only; read the tokens before training rotates the checkpoint away
     tokens_before = tokens_seen(json.loads((Path(resume) / "trainer_state.json").read_text())["log_history"]) \
         if resume else 0
-    trainer = SFTTrainer(model=model, args=sft_config(cfg, ckpt, seed), train_dataset=Dataset.from_list(examples),
-                         processing_class=tokenizer)
+    args = sft_config(cfg, ckpt, seed, keep_all=snapshots is not None)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=resume)
     n_tokens = tokens_seen(trainer.state.log_history) - tokens_before
     summary = {"train_tokens": n_tokens, "train_tokens_per_s": n_tokens / max(result.metrics["train_runtime"], 1e-9),
@@ -81,6 +99,8 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
+    if snapshots is not None:
+        save_snapshots(ckpt, Path(snapshots), cfg.max_steps)
     shutil.rmtree(ckpt, ignore_errors=True)
     print(f"{name}: {n_tokens} tokens at {summary['train_tokens_per_s']:.0f} tokens/s, final loss "
           f"{summary['final_loss']:.3f} -> {out}/")

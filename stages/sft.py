@@ -7,6 +7,8 @@
   only (question -> trajectory); at inference the warm-up solver then follows the named trajectory.
   (The paper's planner also writes a short explanation first; ours names the trajectory directly.)
 
+- models/sft_checkpoints/step-<n>: the internal planner's checkpoints every ``sft.save_steps`` steps (before
+  the last), kept as SePPO's reference models (the warm-up model is step 0).
 - ``vanilla`` -> models/sft_vanilla: the baseline, the warm-up model fine-tuned the same way on the same
   questions but on plain step-by-step solutions with no trajectory (prompt: the question alone).
 
@@ -34,6 +36,7 @@ from posttrain.trajectories import BY_NAME, plain_prompt, prompt
 
 SOLVER, TRAIN, SEARCH = "models/warmup", Path("data/prepared/train.jsonl"), Path("data/dots/search.jsonl")
 OUT = {"internal": "models/sft", "external": "models/planner", "vanilla": "models/sft_vanilla"}
+SNAPSHOTS = "models/sft_checkpoints"  # the internal planner every sft.save_steps steps: SePPO's reference models
 CHECKPOINTS = Path("checkpoints/sft")
 
 
@@ -74,12 +77,14 @@ def main() -> None:
             for out in OUT.values():
                 with atomic_dir(out) as tmp:
                     shutil.copytree(SOLVER, tmp, dirs_exist_ok=True)
+            with atomic_dir(SNAPSHOTS):
+                pass
             return
         for planner in OUT:
             steps = cfg.external_max_steps if planner == "external" else cfg.max_steps
             train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
                       CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed, name=f"sft {planner}",
-                      metric_prefix=f"{planner}.")
+                      metric_prefix=f"{planner}.", snapshots=SNAPSHOTS if planner == "internal" else None)
 
 
 if __name__ == "__main__":

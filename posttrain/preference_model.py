@@ -1,0 +1,126 @@
+"""The pairwise preference model (PM): one sequence holds the prompt and two responses; a head on the
+pooled last-token state gives s(x, A, B), the logit of "A is better", with an uncertainty (sngp by default).
+
+Trained with the Bradley-Terry cross-entropy on every pair in both orders (label flipped), through
+transformers' Trainer (checkpoints, resume, MLflow logging). Saved as a Hugging Face backbone directory
+(loads with ``AutoModel.from_pretrained``) plus ``preference_head.safetensors`` and ``preference_head.json``.
+
+Example:
+    >>> pm = PreferenceModel.from_pretrained("models/rm")                         # doctest: +SKIP
+    >>> g, var = pm.score([("Compute 2 + 3.", "Answer: 5", "Answer: 6")])         # doctest: +SKIP
+    >>> float(g[0]) > 0                                                           # doctest: +SKIP
+    True
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from posttrain.uncertainty import RandomFeatureGPHead, build_head
+
+HEAD_WEIGHTS, HEAD_CONFIG = "preference_head.safetensors", "preference_head.json"
+
+
+def tail(tokenizer, text: str, max_tokens: int) -> str:
+    """The last ``max_tokens`` tokens of ``text`` (a response's final answer sits at its end)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
+
+
+def pair_text(question: str, a: str, b: str) -> str:
+    """The PM's input for (x, A, B); the fixed closing line is where the last-token state is pooled."""
+    return f"Question: {question}\nResponse A: {a.strip()}\nResponse B: {b.strip()}\nWhich response is better?"
+
+
+class PreferenceModel(nn.Module):
+    """Backbone (a causal LM's transformer) + an uncertainty head over the last token's hidden state."""
+
+    def __init__(self, backbone, tokenizer, estimator: str, head_cfg, max_response_tokens: int, lam: float):
+        super().__init__()
+        self.backbone, self.tokenizer = backbone, tokenizer
+        self.estimator, self.max_response_tokens, self.lam = estimator, max_response_tokens, lam
+        self.head_cfg = {k: getattr(head_cfg, k) for k in
+                         ("random_features", "feature_scale", "ridge", "dropout", "mc_samples", "ensemble_size")}
+        self.head = build_head(estimator, backbone.config.hidden_size, head_cfg)
+
+    @classmethod
+    def from_backbone(cls, path: str, cfg) -> "PreferenceModel":
+        """A fresh PM on the transformer of the causal LM at ``path`` (its LM head is dropped)."""
+        return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), cfg.estimator, cfg,
+                   cfg.max_response_tokens, cfg.uncertainty_lambda)
+
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # the last real token, whichever side the tokenizer pads
+        last = (torch.arange(input_ids.shape[1], device=input_ids.device) * attention_mask).argmax(-1)
+        return hidden[torch.arange(len(hidden)), last]
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        logits = self.head.train_logits(self.pooled(input_ids, attention_mask))  # (batch, members)
+        out = {"logits": logits.mean(-1)}
+        if labels is not None:
+            target = labels.float()[:, None].expand_as(logits)
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
+            if logits.shape[1] > 1 and self.training:  # ensemble members see bootstrap-resampled batches
+                loss = loss * torch.poisson(torch.ones_like(loss))
+            out["loss"] = loss.mean()
+        return out
+
+    def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def texts(self, triples: list[tuple[str, str, str]]) -> list[str]:
+        n = self.max_response_tokens
+        return [pair_text(q, tail(self.tokenizer, a, n), tail(self.tokenizer, b, n)) for q, a, b in triples]
+
+    @torch.no_grad()
+    def features(self, texts: list[str], batch_size: int = 64, desc: str = "PM features") -> torch.Tensor:
+        self.eval()
+        chunks = [self.pooled(**self.encode(texts[i:i + batch_size]))
+                  for i in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch")]
+        return torch.cat(chunks) if chunks else torch.empty(0, self.backbone.config.hidden_size)
+
+    @torch.no_grad()
+    def fit_posterior(self, triples: list[tuple[str, str, str]], batch_size: int = 64) -> None:
+        """sngp: one pass over the training pairs (both orders) accumulates the Laplace precision."""
+        if not isinstance(self.head, RandomFeatureGPHead):
+            return
+        self.head.reset_precision()
+        texts = self.texts(triples) + self.texts([(q, b, a) for q, a, b in triples])
+        h = self.features(texts, batch_size, desc="SNGP precision pass")
+        for i in range(0, len(h), 1024):
+            self.head.accumulate(h[i:i + 1024])
+        self.head.finalize()
+
+    @torch.no_grad()
+    def score(self, triples: list[tuple[str, str, str]], batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+        """Antisymmetrised (g, var) for (question, A, B): g = (s(A,B) - s(B,A)) / 2, var = mean of both orders."""
+        flipped = [(q, b, a) for q, a, b in triples]
+        g_ab, v_ab = self.head.predict(self.features(self.texts(triples), batch_size))
+        g_ba, v_ba = self.head.predict(self.features(self.texts(flipped), batch_size))
+        return (g_ab - g_ba) / 2, (v_ab + v_ba) / 2
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        self.backbone.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, path / HEAD_WEIGHTS)
+        (path / HEAD_CONFIG).write_text(json.dumps(
+            {"estimator": self.estimator, "max_response_tokens": self.max_response_tokens,
+             "uncertainty_lambda": self.lam, **self.head_cfg}, indent=1))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "PreferenceModel":
+        path = Path(path)
+        cfg = json.loads((path / HEAD_CONFIG).read_text())
+        pm = cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), cfg["estimator"],
+                 SimpleNamespace(**cfg), cfg["max_response_tokens"], cfg["uncertainty_lambda"])
+        pm.head.load_state_dict(load_file(path / HEAD_WEIGHTS))
+        return pm.eval()

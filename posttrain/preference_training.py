@@ -1,0 +1,103 @@
+"""Training the reward models, resumably: the pairwise PM (transformers' Trainer) and the pointwise
+Bradley-Terry RM baseline (TRL's RewardTrainer).
+
+Checkpoints go to ``checkpoint_root/<key>`` (key = config + input bytes, as for SFT); a re-run after a kill
+resumes from the last one. Both log per-step loss to the active MLflow run.
+
+Example:
+    >>> pm = train_preference_model("models/sft", pairs, params.train_rm, Path("checkpoints/rm"),  # doctest: +SKIP
+    ...                             key_files=[Path("data/seppo/pairs.jsonl")], seed=0)
+"""
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from trl import RewardConfig, RewardTrainer
+
+from posttrain.params import RewardModelParams
+from posttrain.preference_model import PreferenceModel, tail
+from posttrain.sft import checkpoint_dir
+
+
+def both_orders(pairs: list[dict], seed: int) -> list[tuple[tuple[str, str, str], int]]:
+    """((question, A, B), label) for every pair as (chosen, rejected) -> 1 and (rejected, chosen) -> 0, shuffled."""
+    rows = [((p["question"], p["chosen"], p["rejected"]), 1) for p in pairs]
+    rows += [((p["question"], p["rejected"], p["chosen"]), 0) for p in pairs]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def _training_args(cfg: RewardModelParams, out: Path, seed: int, max_steps: int, **extra) -> dict:
+    return dict(output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=cfg.batch_size,
+                gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
+                lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
+                logging_steps=cfg.logging_steps, save_steps=cfg.save_steps, save_total_limit=2, seed=seed,
+                data_seed=seed, use_cpu=not torch.cuda.is_available(), report_to=["mlflow"],
+                dataloader_num_workers=0, **extra)
+
+
+def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelParams, checkpoint_root: Path,
+                           key_files: list[Path], seed: int) -> PreferenceModel:
+    """Train the PM on ``pairs`` (dicts with question/chosen/rejected) in both orders; fit the sngp posterior."""
+    set_seed(seed)
+    pm = PreferenceModel.from_backbone(init_model, cfg)
+    rows = both_orders(pairs, seed)
+    texts = pm.texts([triple for triple, _ in rows])
+    dataset = Dataset.from_list([{"text": t, "labels": y} for t, (_, y) in zip(texts, rows)])
+
+    def collate(batch: list[dict]) -> dict:
+        enc = pm.encode([b["text"] for b in batch])
+        return {**enc, "labels": torch.tensor([b["labels"] for b in batch])}
+
+    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    if resume:
+        print(f"train_rm: resuming the preference model from {resume}")
+    args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
+    Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate).train(resume_from_checkpoint=resume)
+    pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs], cfg.eval_batch_size)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return pm.eval()
+
+
+def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParams, out: Path, checkpoint_root: Path,
+                       key_files: list[Path], seed: int):
+    """TRL RewardTrainer (Bradley-Terry on r(chosen) - r(rejected)); returns (model, tokenizer), saved to ``out``."""
+    set_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(init_model)
+    model = AutoModelForSequenceClassification.from_pretrained(init_model, num_labels=1,
+                                                               pad_token_id=tokenizer.pad_token_id)
+    n = cfg.max_response_tokens
+    dataset = Dataset.from_list([{"prompt": f"Question: {p['question']}\nResponse:",
+                                  "chosen": " " + tail(tokenizer, p["chosen"], n),
+                                  "rejected": " " + tail(tokenizer, p["rejected"], n)} for p in pairs])
+    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
+    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(out)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return model.eval(), tokenizer
+
+
+@torch.no_grad()
+def pointwise_scores(model, tokenizer, question_response: list[tuple[str, str]], max_response_tokens: int,
+                     batch_size: int = 64) -> list[float]:
+    """The pointwise RM's reward for each (question, response)."""
+    # the text RewardTrainer trained on: prompt + " " + response + EOS (its reward is read at the last token)
+    texts = [f"Question: {q}\nResponse: {tail(tokenizer, r, max_response_tokens)}{tokenizer.eos_token}"
+             for q, r in question_response]
+    out = []
+    for i in tqdm(range(0, len(texts), batch_size), desc="pointwise RM", unit="batch"):
+        enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True)
+        out.extend(model(**enc).logits[:, 0].tolist())
+    return out

@@ -1,0 +1,113 @@
+"""SePPO (METHODS.md section 2): preference optimisation from winners alone, losers sampled from earlier checkpoints.
+
+Each pair holds the prompt x, the winner (anchor) y_w and a reference sample y_ref drawn from a reference
+checkpoint picked uniformly among the earlier ones. With the implicit rewards
+
+    h_w = log pi_theta(y_w|x) - log pi_ref(y_w|x),   h_r = log pi_theta(y_ref|x) - log pi_ref(y_ref|x)
+
+the anchor-based adaptive flipper (AAF) treats y_ref as a winner when h_w < 0 (the reference fits the anchor
+better than the policy does, so its own sample is probably good), and the loss is
+``-log sigmoid(beta * (h_w - sign * h_r))`` with sign = -1 then, +1 otherwise. With sign fixed to +1 it is DPO.
+
+The trainers reuse TRL's DPOTrainer whole (tokenisation, collation, logging, checkpoints); the reference
+log-probs come with each row (``ref_chosen_logps``/``ref_rejected_logps``) because every row has its own
+reference checkpoint, which a single ``ref_model`` cannot express.
+
+Example:
+    >>> h_w, h_r = torch.tensor([0.5, -0.2]), torch.tensor([-1.0, 0.3])
+    >>> aaf_sign(h_w).tolist()
+    [1.0, -1.0]
+    >>> [round(x, 3) for x in seppo_loss(h_w, h_r, beta=1.0).tolist()]
+    [0.201, 0.598]
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from tqdm.auto import tqdm
+from trl import DPOTrainer
+
+
+def aaf_sign(h_w: torch.Tensor) -> torch.Tensor:
+    """+1: the reference sample is a loser; -1 (when h_w < 0): it is treated as a winner."""
+    return torch.where(h_w < 0, -1.0, 1.0).to(h_w.dtype)
+
+
+def seppo_loss(h_w: torch.Tensor, h_r: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per-pair SePPO loss; the flip decision is not differentiated through."""
+    sign = aaf_sign(h_w.detach())
+    return -F.logsigmoid(beta * (h_w - sign * h_r))
+
+
+@torch.inference_mode()
+def completion_logps(model, tokenizer, prompts: list[str], completions: list[str], batch_size: int = 32,
+                     desc: str = "log-probs") -> list[float]:
+    """log pi(completion + EOS | prompt), tokenised as DPOTrainer does (prompt+completion, EOS appended)."""
+    model.eval()
+    eos = tokenizer.eos_token
+    out: list[float] = []
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch"):
+        ids, starts = [], []
+        for p, c in zip(prompts[start:start + batch_size], completions[start:start + batch_size], strict=True):
+            p_ids = tokenizer(p)["input_ids"]
+            full = tokenizer(p + c + ("" if c.endswith(eos) else eos))["input_ids"]
+            k = next((i for i, (a, b) in enumerate(zip(p_ids, full)) if a != b), min(len(p_ids), len(full)))
+            ids.append(full)
+            starts.append(k)
+        width = max(map(len, ids))
+        input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, row in enumerate(ids):
+            input_ids[i, :len(row)] = torch.tensor(row)
+            mask[i, :len(row)] = 1
+        logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
+        token_logps = torch.gather(logits.log_softmax(-1), 2, input_ids[:, 1:, None]).squeeze(2)
+        positions = torch.arange(1, width)[None, :]
+        scored = (positions >= torch.tensor(starts)[:, None]) & (mask[:, 1:] == 1)
+        out.extend((token_logps * scored).sum(1).tolist())
+    return out
+
+
+class PerRowReferenceDPOTrainer(DPOTrainer):
+    """DPOTrainer whose reference log-probs are columns of the dataset (one reference model per row).
+
+    Needs ``DPOConfig(precompute_ref_log_probs=True)`` and ``ref_chosen_logps``/``ref_rejected_logps`` columns.
+    """
+
+    def _precompute_ref_logps(self, dataset: Dataset, name: str, batch_size: int) -> Dataset:
+        missing = {"ref_chosen_logps", "ref_rejected_logps"} - set(dataset.column_names)
+        if missing:
+            raise ValueError(f"{name} dataset: missing columns {sorted(missing)} (the per-row reference log-probs)")
+        return dataset
+
+
+class SePPOTrainer(PerRowReferenceDPOTrainer):
+    """TRL's DPOTrainer with the SePPO loss (AAF flip of the reference sample).
+
+    Example:
+        >>> args = DPOConfig("out", precompute_ref_log_probs=True, beta=0.1)           # doctest: +SKIP
+        >>> SePPOTrainer(model, args=args, train_dataset=pairs, processing_class=tok).train()  # doctest: +SKIP
+    """
+
+    def _compute_loss(self, model, inputs, return_outputs):
+        mode = "train" if self.model.training else "eval"
+        # 1. policy log-probs of the completion tokens, [chosen..., rejected...] as the DPO collator lays them out
+        completion_mask = inputs["completion_mask"]
+        labels = inputs["input_ids"].masked_fill(completion_mask == 0, -100)
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels,
+                        use_cache=False, fused_lm_head=True)
+        seq_len = completion_mask.size(1) - 1
+        chosen_logps, rejected_logps = outputs.log_probs[:, -seq_len:].sum(dim=1).chunk(2, dim=0)
+        # 2. implicit rewards against each row's own reference checkpoint
+        h_w = chosen_logps - inputs["ref_chosen_logps"]
+        h_r = rejected_logps - inputs["ref_rejected_logps"]
+        # 3. anchor-based flip, then the logistic loss
+        loss = seppo_loss(h_w, h_r, self.beta).mean()
+        metrics = self._metrics[mode]
+        metrics["aaf/flip_rate"].append(self.accelerator.gather((h_w.detach() < 0).float()).mean().item())
+        metrics["rewards/chosen"].append(self.accelerator.gather(self.beta * h_w.detach()).mean().item())
+        metrics["rewards/rejected"].append(self.accelerator.gather(self.beta * h_r.detach()).mean().item())
+        metrics["logps/chosen"].append(self.accelerator.gather(chosen_logps.detach()).mean().item())
+        metrics["logps/rejected"].append(self.accelerator.gather(rejected_logps.detach()).mean().item())
+        return (loss, outputs) if return_outputs else loss

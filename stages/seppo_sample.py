@@ -1,0 +1,123 @@
+"""Stage `seppo_sample`: SePPO reference sampling (METHODS.md section 2) -> preference pairs for the RM.
+
+The policy is the final SFT model (models/sft); the references are its earlier checkpoints: the warm-up model
+(step 0) and models/sft_checkpoints/step-<n> (every sft.save_steps steps). For each of the first
+``seppo_sample.n_prompts`` training prompts and each of ``samples_per_prompt`` samples:
+
+1. pick a reference checkpoint j uniformly among the earlier ones and sample y_ref ~ pi_j(.|x);
+2. the anchor y_w is the verified solution written in the trajectory y_ref chose;
+3. h_w = log pi_policy(y_w|x) - log pi_j(y_w|x); the anchor rule (AAF) calls y_ref a winner when h_w < 0;
+4. the task verifier also judges y_ref; both decisions are kept, and ``seppo_sample.label`` picks the one that
+   writes chosen/rejected.
+
+Writes data/seppo/samples.jsonl (every sample with its checkpoint, verdicts, h_w, h_r and the reference
+log-probs a SePPO/DPO trainer needs), data/seppo/pairs.jsonl (the RM's training pairs) and
+reports/metrics/seppo_sample.json (reference accuracy per checkpoint, AAF flip rate, AAF-verifier agreement).
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import mlflow
+
+from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.errors import stage_main
+from posttrain.evaluation import OWN_CHOICE, score_responses
+from posttrain.generation import HFGenerator
+from posttrain.modeling import load_pretrained
+from posttrain.params import load_params
+from posttrain.preference_data import anchor_completion, assign_references, training_pairs
+from posttrain.sandbox import sandbox_limits
+from posttrain.seppo import completion_logps
+from posttrain.task.records import DataError
+from posttrain.tracking import stage_run
+from posttrain.trajectories import prompt
+
+TRAIN, POLICY, WARMUP = Path("data/prepared/train.jsonl"), "models/sft", "models/warmup"
+SNAPSHOTS, OUT = Path("models/sft_checkpoints"), Path("data/seppo")
+METRICS = Path("reports/metrics/seppo_sample.json")
+
+
+def reference_checkpoints() -> list[str]:
+    """The earlier checkpoints, oldest first: the warm-up model (step 0), then the sft snapshots."""
+    return [WARMUP, *sorted(str(p) for p in SNAPSHOTS.glob("step-*") if p.is_dir())]
+
+
+def agreement(samples: list[dict]) -> dict:
+    n = len(samples)
+    both = sum(s["anchor_wins"] and s["verifier_wins"] for s in samples)
+    neither = sum(not s["anchor_wins"] and not s["verifier_wins"] for s in samples)
+    return {"aaf_flip_rate": sum(s["anchor_wins"] for s in samples) / n,
+            "reference_accuracy": sum(s["verifier_wins"] for s in samples) / n,
+            "aaf_verifier_agreement": (both + neither) / n,
+            "aaf_precision": both / max(1, sum(s["anchor_wins"] for s in samples)),
+            "aaf_recall": both / max(1, sum(s["verifier_wins"] for s in samples))}
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    cfg = params.seppo_sample
+    with stage_run("seppo_sample", params, sections=["seed", "seppo_sample"]):
+        records = [json.loads(line) for line in TRAIN.read_text(encoding="utf-8").splitlines()][:cfg.n_prompts]
+        refs = reference_checkpoints()
+        plan = assign_references(len(records), cfg.samples_per_prompt, len(refs), params.seed)
+        jobs = defaultdict(list)  # reference index -> [(record, sample index)]
+        for rec, chosen_refs in zip(records, plan):
+            for k, j in enumerate(chosen_refs):
+                jobs[j].append((rec, k))
+        print(f"seppo_sample: {len(records)} prompts x {cfg.samples_per_prompt} samples from {len(refs)} references")
+
+        # 1-2. sample from each reference, build the anchors, keep the reference log-probs of both
+        samples = []
+        for j, todo in sorted(jobs.items()):
+            tokenizer, model = load_pretrained(refs[j])
+            gen = HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens)
+            prompts = [prompt(rec["question"]) for rec, _ in todo]
+            texts = [c.text for c in gen.generate(prompts, cfg.temperature, seed=params.seed + j,
+                                                  desc=f"sample {Path(refs[j]).name}")]
+            anchors = [anchor_completion(rec, t) for (rec, _), t in zip(todo, texts)]
+            ref_w = completion_logps(model, tokenizer, prompts, anchors, cfg.batch_size, desc="ref log p(y_w)")
+            ref_r = completion_logps(model, tokenizer, prompts, texts, cfg.batch_size, desc="ref log p(y_ref)")
+            verdicts = score_responses([rec for rec, _ in todo], [OWN_CHOICE] * len(todo), texts,
+                                       sandbox_limits(params.sandbox), params.sandbox.workers)
+            for (rec, k), p, t, a, lw, lr, v in zip(todo, prompts, texts, anchors, ref_w, ref_r, verdicts):
+                samples.append({"id": rec["id"], "sample": k, "difficulty": rec["difficulty"],
+                                "question": rec["question"], "prompt": p, "reference": refs[j], "anchor": a,
+                                "response": t, "ref_anchor_logp": lw, "ref_response_logp": lr,
+                                "verifier_wins": v["correct"], "trajectory": v["trajectory"]})
+        if not samples:
+            raise DataError(f"{TRAIN}: no training prompts to sample for (seppo_sample.n_prompts={cfg.n_prompts})")
+
+        # 3. the policy's log-probs, then the anchor rule
+        tokenizer, policy = load_pretrained(POLICY)
+        pol_w = completion_logps(policy, tokenizer, [s["prompt"] for s in samples], [s["anchor"] for s in samples],
+                                 cfg.batch_size, desc="policy log p(y_w)")
+        pol_r = completion_logps(policy, tokenizer, [s["prompt"] for s in samples], [s["response"] for s in samples],
+                                 cfg.batch_size, desc="policy log p(y_ref)")
+        for s, lw, lr in zip(samples, pol_w, pol_r):
+            s["h_w"], s["h_r"] = lw - s["ref_anchor_logp"], lr - s["ref_response_logp"]
+            s["anchor_wins"] = s["h_w"] < 0
+        samples.sort(key=lambda s: (s["id"], s["sample"]))
+
+        # 4. pairs by the chosen label, and the figures
+        pairs = training_pairs(samples, cfg.label)
+        metrics = {"n_samples": len(samples), "n_pairs": len(pairs), **agreement(samples),
+                   "reference_accuracy_by_checkpoint": {
+                       Path(r).name: round(sum(s["verifier_wins"] for s in samples if s["reference"] == r)
+                                           / max(1, sum(s["reference"] == r for s in samples)), 4) for r in refs}}
+        with atomic_dir(OUT) as tmp:
+            (tmp / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8")
+            (tmp / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
+        atomic_write_json(METRICS, metrics)
+        mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        mlflow.log_dict(metrics, "seppo_sample.json")
+        print(f"seppo_sample: {len(samples)} samples, {len(pairs)} pairs ({cfg.label} labels); "
+              f"reference accuracy {metrics['reference_accuracy']:.3f}, AAF flips {metrics['aaf_flip_rate']:.3f}, "
+              f"AAF-verifier agreement {metrics['aaf_verifier_agreement']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
