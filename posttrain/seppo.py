@@ -22,11 +22,19 @@ Example:
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from tqdm.auto import tqdm
-from trl import DPOTrainer
+from transformers import AutoTokenizer
+from trl import DPOConfig, DPOTrainer
+
+
+def reference_checkpoints(initial: str, snapshots: Path) -> list[str]:
+    """SePPO's reference models, oldest first: the model SFT started from (step 0), then its snapshots."""
+    return [initial, *sorted(str(p) for p in Path(snapshots).glob("step-*") if p.is_dir())]
 
 
 def aaf_sign(h_w: torch.Tensor) -> torch.Tensor:
@@ -111,3 +119,29 @@ class SePPOTrainer(PerRowReferenceDPOTrainer):
         metrics["logps/chosen"].append(self.accelerator.gather(chosen_logps.detach()).mean().item())
         metrics["logps/rejected"].append(self.accelerator.gather(rejected_logps.detach()).mean().item())
         return (loss, outputs) if return_outputs else loss
+
+
+def pairs_dataset(samples: list[dict]) -> Dataset:
+    """A DPO/SePPO dataset from seppo_sample rows: anchor = chosen, reference sample = rejected."""
+    return Dataset.from_list([{"prompt": s["prompt"], "chosen": s["anchor"], "rejected": s["response"],
+                               "ref_chosen_logps": s["ref_anchor_logp"], "ref_rejected_logps": s["ref_response_logp"]}
+                              for s in samples])
+
+
+def train_policy(init_model: str, samples: list[dict], cfg, out: str, seed: int):
+    """Optimise the policy at ``init_model`` on SePPO samples with ``cfg.loss`` (seppo | dpo); save to ``out``.
+
+    ``cfg`` is a ``PolicyOptParams``. Returns the trainer (its ``state.log_history`` holds the curves).
+    """
+    args = DPOConfig(output_dir=out, precompute_ref_log_probs=True, beta=cfg.beta, max_steps=cfg.max_steps,
+                     per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+                     learning_rate=cfg.learning_rate, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio,
+                     weight_decay=cfg.weight_decay, max_length=cfg.max_length, logging_steps=cfg.logging_steps,
+                     save_strategy="no", seed=seed, data_seed=seed, report_to=[], use_cpu=not torch.cuda.is_available())
+    trainer_cls = SePPOTrainer if cfg.loss == "seppo" else PerRowReferenceDPOTrainer
+    tokenizer = AutoTokenizer.from_pretrained(init_model)
+    trainer = trainer_cls(model=init_model, args=args, train_dataset=pairs_dataset(samples), processing_class=tokenizer)
+    trainer.train()
+    trainer.save_model(out)
+    tokenizer.save_pretrained(out)
+    return trainer

@@ -23,13 +23,14 @@ from posttrain.generation import HFGenerator
 from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_data import benchmark_pairs, check_no_leakage
+from posttrain.seppo import reference_checkpoints
 from posttrain.sandbox import sandbox_limits
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.trajectories import prompt
-from stages.seppo_sample import POLICY, reference_checkpoints
 
 TRAIN, TEST = Path("data/prepared/train.jsonl"), Path("data/prepared/test.jsonl")
+WARMUP, SNAPSHOTS, POLICY = "models/warmup", Path("models/sft_checkpoints"), "models/sft"
 OUT, METRICS = Path("data/preference_benchmark"), Path("reports/metrics/preference_benchmark.json")
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     with stage_run("preference_benchmark", params, sections=["seed", "preference_benchmark"]):
         records = read_jsonl(TEST)
         responses: dict[str, list[dict]] = defaultdict(list)
-        for j, source in enumerate([*reference_checkpoints(), POLICY]):
+        for j, source in enumerate([*reference_checkpoints(WARMUP, SNAPSHOTS), POLICY]):
             tokenizer, model = load_pretrained(source)
             gen = HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens)
             jobs = [rec for rec in records for _ in range(cfg.samples_per_checkpoint)]

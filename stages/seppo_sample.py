@@ -30,7 +30,7 @@ from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_data import anchor_completion, assign_references, training_pairs
 from posttrain.sandbox import sandbox_limits
-from posttrain.seppo import completion_logps
+from posttrain.seppo import completion_logps, reference_checkpoints
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.trajectories import prompt
@@ -38,11 +38,6 @@ from posttrain.trajectories import prompt
 TRAIN, POLICY, WARMUP = Path("data/prepared/train.jsonl"), "models/sft", "models/warmup"
 SNAPSHOTS, OUT = Path("models/sft_checkpoints"), Path("data/seppo")
 METRICS = Path("reports/metrics/seppo_sample.json")
-
-
-def reference_checkpoints() -> list[str]:
-    """The earlier checkpoints, oldest first: the warm-up model (step 0), then the sft snapshots."""
-    return [WARMUP, *sorted(str(p) for p in SNAPSHOTS.glob("step-*") if p.is_dir())]
 
 
 def agreement(samples: list[dict]) -> dict:
@@ -62,7 +57,7 @@ def main() -> None:
     cfg = params.seppo_sample
     with stage_run("seppo_sample", params, sections=["seed", "seppo_sample"]):
         records = [json.loads(line) for line in TRAIN.read_text(encoding="utf-8").splitlines()][:cfg.n_prompts]
-        refs = reference_checkpoints()
+        refs = reference_checkpoints(WARMUP, SNAPSHOTS)
         plan = assign_references(len(records), cfg.samples_per_prompt, len(refs), params.seed)
         jobs = defaultdict(list)  # reference index -> [(record, sample index)]
         for rec, chosen_refs in zip(records, plan):

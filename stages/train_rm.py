@@ -1,0 +1,139 @@
+"""Stage `train_rm`: the pairwise preference model with uncertainty, the pointwise RM baseline, and both
+measured on the held-out preference benchmark.
+
+1. PM (models/rm): the SFT model's transformer + the ``train_rm.estimator`` head (sngp by default), trained
+   with the Bradley-Terry loss on data/seppo/pairs.jsonl in both orders; for sngp one more pass accumulates
+   the Laplace precision. Loads with ``PreferenceModel.from_pretrained("models/rm")``.
+2. Pointwise RM (models/rm_pointwise): TRL RewardTrainer on the same pairs, an ordinary
+   ``AutoModelForSequenceClassification`` with one label.
+3. Benchmark (data/preference_benchmark/pairs.jsonl): accuracy, ECE raw vs calibrated (g vs g/u), Spearman
+   correlation between uncertainty and correctness, accuracy per uncertainty decile, per difficulty, and how
+   close to 0.5 the PM stays on tie pairs; PM throughput in pairs/s. Written to reports/metrics/train_rm.json,
+   reports/rm/*.png (reliability diagram, accuracy by uncertainty decile) and MLflow.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import mlflow
+import torch
+
+from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.calibration import (accuracy_by_decile, expected_calibration_error, plot_decile_accuracy,
+                                   plot_reliability, reliability_bins, spearman)
+from posttrain.errors import stage_main
+from posttrain.params import load_params
+from posttrain.preference_training import pointwise_scores, train_pointwise_rm, train_preference_model
+from posttrain.task.records import DataError
+from posttrain.tracking import stage_run
+from posttrain.uncertainty import calibrated_logit
+
+SFT, PAIRS, BENCHMARK = "models/sft", Path("data/seppo/pairs.jsonl"), Path("data/preference_benchmark/pairs.jsonl")
+PM_OUT, POINTWISE_OUT = "models/rm", "models/rm_pointwise"
+CHECKPOINTS, REPORTS, METRICS = Path("checkpoints/train_rm"), Path("reports/rm"), Path("reports/metrics/train_rm.json")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def decisive_figures(p: list[float], label_a: list[bool], n_bins: int = 10) -> dict:
+    correct = [(x > 0.5) == y for x, y in zip(p, label_a)]
+    return {"accuracy": sum(correct) / len(correct), "ece": expected_calibration_error(p, label_a, n_bins)}
+
+
+def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam: float,
+                     pointwise_margin: list[float]) -> tuple[dict, dict]:
+    """(metrics, curves): every figure of the benchmark for the PM and the pointwise RM."""
+    g_cal, u = calibrated_logit(g, var, lam)
+    p_raw, p_cal, p_pw = torch.sigmoid(g).tolist(), torch.sigmoid(g_cal).tolist(), \
+        torch.sigmoid(torch.tensor(pointwise_margin)).tolist()
+    decisive = [i for i, pair in enumerate(pairs) if pair["label"] != "tie"]
+    ties = [i for i, pair in enumerate(pairs) if pair["label"] == "tie"]
+    label_a = [pairs[i]["label"] == "A" for i in decisive]
+    correct = [(p_raw[i] > 0.5) == y for i, y in zip(decisive, label_a)]
+    unc = [u[i].item() for i in decisive]
+    deciles = accuracy_by_decile(unc, correct)
+    pm_raw = decisive_figures([p_raw[i] for i in decisive], label_a)
+    metrics = {
+        "n_decisive": len(decisive), "n_tie": len(ties),
+        "pm_accuracy": pm_raw["accuracy"], "pm_ece_raw": pm_raw["ece"],
+        "pm_ece_calibrated": decisive_figures([p_cal[i] for i in decisive], label_a)["ece"],
+        "pointwise_accuracy": decisive_figures([p_pw[i] for i in decisive], label_a)["accuracy"],
+        "pointwise_ece": decisive_figures([p_pw[i] for i in decisive], label_a)["ece"],
+        "spearman_uncertainty_correct": spearman(unc, correct),
+        "accuracy_lowest_uncertainty_decile": deciles[0]["accuracy"],
+        "accuracy_highest_uncertainty_decile": deciles[-1]["accuracy"],
+        "mean_uncertainty_decisive": sum(unc) / len(unc),
+        "mean_uncertainty_tie": sum(u[i].item() for i in ties) / len(ties) if ties else None,
+        "tie_mean_abs_p_minus_half": sum(abs(p_cal[i] - 0.5) for i in ties) / len(ties) if ties else None,
+        "pm_accuracy_by_difficulty": {}, "pointwise_accuracy_by_difficulty": {},
+    }
+    for d in sorted({pairs[i]["difficulty"] for i in decisive}):
+        idx = [k for k, i in enumerate(decisive) if pairs[i]["difficulty"] == d]
+        metrics["pm_accuracy_by_difficulty"][str(d)] = round(sum(correct[k] for k in idx) / len(idx), 4)
+        metrics["pointwise_accuracy_by_difficulty"][str(d)] = round(
+            sum((p_pw[decisive[k]] > 0.5) == label_a[k] for k in idx) / len(idx), 4)
+    curves = {"deciles": deciles, "reliability": {
+        "PM raw": reliability_bins([p_raw[i] for i in decisive], label_a),
+        "PM calibrated (g/u)": reliability_bins([p_cal[i] for i in decisive], label_a),
+        "pointwise RM": reliability_bins([p_pw[i] for i in decisive], label_a)}}
+    return metrics, curves
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    cfg = params.train_rm
+    with stage_run("train_rm", params, sections=["seed", "train_rm"]):
+        pairs = read_jsonl(PAIRS)
+        if not pairs:
+            raise DataError(f"{PAIRS}: no preference pairs (every reference sample got the same label); "
+                            "raise seppo_sample.n_prompts or samples_per_prompt")
+        bench = read_jsonl(BENCHMARK)
+        mlflow.log_metrics({"n_train_pairs": len(pairs), "n_benchmark_pairs": len(bench)})
+        print(f"train_rm: {len(pairs)} training pairs, {len(bench)} benchmark pairs, estimator {cfg.estimator}")
+
+        # 1. the pairwise PM (+ its uncertainty posterior)
+        pm = train_preference_model(SFT, pairs, cfg, CHECKPOINTS / "pm", key_files=[PAIRS], seed=params.seed)
+        with atomic_dir(PM_OUT) as tmp:
+            pm.save_pretrained(tmp)
+        # 2. the pointwise baseline
+        with atomic_dir(POINTWISE_OUT) as tmp:
+            rm, rm_tok = train_pointwise_rm(SFT, pairs, cfg, tmp, CHECKPOINTS / "pointwise", key_files=[PAIRS],
+                                            seed=params.seed)
+
+        # 3. the benchmark
+        triples = [(p["question"], p["a"], p["b"]) for p in bench]
+        start = time.perf_counter()
+        g, var = pm.score(triples, cfg.eval_batch_size)
+        pairs_per_s = len(triples) / (time.perf_counter() - start)
+        r_a = pointwise_scores(rm, rm_tok, [(p["question"], p["a"]) for p in bench], cfg.max_response_tokens,
+                               cfg.eval_batch_size)
+        r_b = pointwise_scores(rm, rm_tok, [(p["question"], p["b"]) for p in bench], cfg.max_response_tokens,
+                               cfg.eval_batch_size)
+        metrics, curves = benchmark_report(bench, g, var, cfg.uncertainty_lambda, [a - b for a, b in zip(r_a, r_b)])
+        metrics["pm_pairs_per_s"] = pairs_per_s
+        with atomic_dir(REPORTS) as tmp:
+            plot_reliability(curves["reliability"], tmp / "reliability.png",
+                             f"Preference benchmark ({metrics['n_decisive']} decisive pairs)")
+            plot_decile_accuracy(curves["deciles"], tmp / "accuracy_by_uncertainty_decile.png",
+                                 f"PM ({cfg.estimator}) accuracy by uncertainty decile")
+            (tmp / "curves.json").write_text(json.dumps(curves, indent=1))
+            (tmp / "benchmark_scores.jsonl").write_text("".join(
+                json.dumps({"id": p["id"], "kind": p["kind"], "label": p["label"], "g": gi, "var": vi,
+                            "pointwise_margin": a - b}) + "\n"
+                for p, gi, vi, a, b in zip(bench, g.tolist(), var.tolist(), r_a, r_b)))
+        atomic_write_json(METRICS, metrics)
+        mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        mlflow.log_dict(metrics, "train_rm.json")
+        mlflow.log_artifacts(str(REPORTS), "rm")
+        print(f"train_rm: PM accuracy {metrics['pm_accuracy']:.3f} (pointwise {metrics['pointwise_accuracy']:.3f}), "
+              f"ECE raw {metrics['pm_ece_raw']:.3f} -> calibrated {metrics['pm_ece_calibrated']:.3f}, "
+              f"Spearman(u, correct) {metrics['spearman_uncertainty_correct']:.3f}, {pairs_per_s:.1f} pairs/s")
+
+
+if __name__ == "__main__":
+    main()

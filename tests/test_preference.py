@@ -1,0 +1,206 @@
+"""SNGP head math, the preference model's order symmetry, the SePPO anchor rule and trainer, preference data."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import DPOConfig
+
+from posttrain.calibration import accuracy_by_decile, expected_calibration_error, spearman
+from posttrain.modeling import build_llama, train_tokenizer
+from posttrain.preference_data import benchmark_pairs, check_no_leakage, training_pairs
+from posttrain.preference_model import PreferenceModel
+from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, seppo_loss
+from posttrain.task.arithmetic import generate_problems
+from posttrain.task.records import DataError
+from posttrain.task.solutions import render_response
+from posttrain.trajectories import BY_NAME, TRAJECTORIES, prompt
+from posttrain.uncertainty import EnsembleHead, MCDropoutHead, RandomFeatureGPHead, calibrated_logit
+
+HEAD_CFG = SimpleNamespace(random_features=128, feature_scale=1.0, ridge=1e-3, dropout=0.1, mc_samples=4,
+                           ensemble_size=3, estimator="sngp", max_response_tokens=64, uncertainty_lambda=10.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny scratch Llama + tokenizer saved to disk, and the problems it was built on."""
+    problems = generate_problems(20, seed=3, difficulties=range(1, 3), max_operand=12, max_value=60)
+    corpus = [prompt(p.question, t) + render_response(p, t) for p in problems for t in TRAJECTORIES]
+    tok = train_tokenizer(corpus, vocab_size=300)
+    torch.manual_seed(0)
+    model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=384)
+    path = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return SimpleNamespace(path=str(path), tok=tok, model=model, problems=problems)
+
+
+# --- SNGP head ------------------------------------------------------------------------------------------------
+
+def test_sngp_precision_accumulated_in_batches_equals_direct_computation():
+    torch.manual_seed(0)
+    head = RandomFeatureGPHead(in_dim=6, n_features=32, feature_scale=0.5, ridge=1e-3)
+    h = torch.randn(50, 6)
+    for chunk in h.split(7):
+        head.accumulate(chunk)
+    phi = head.features(h).double()
+    direct = 1e-3 * torch.eye(32, dtype=torch.float64) + phi.T @ phi
+    assert torch.allclose(head.precision.double(), direct, atol=1e-4)
+    head.finalize()
+    x = torch.randn(3, 6)
+    phi_x = head.features(x).double()
+    expected = 1e-3 * ((phi_x @ torch.linalg.inv(direct)) * phi_x).sum(-1)
+    assert torch.allclose(head.predict(x)[1].double(), expected, atol=1e-5)
+
+
+def test_sngp_variance_grows_away_from_the_training_data():
+    torch.manual_seed(0)
+    head = RandomFeatureGPHead(in_dim=2, n_features=512, feature_scale=1.0, ridge=1e-3)
+    train = torch.randn(200, 2) * 0.3  # a cloud at the origin
+    head.accumulate(train)
+    head.finalize()
+    distances = [0.0, 1.0, 2.0, 4.0, 8.0]
+    var = [head.predict(torch.tensor([[d, 0.0]]))[1].item() for d in distances]
+    assert all(a < b for a, b in zip(var, var[1:])), var
+    assert var[0] < 0.05 and var[-1] > 0.5
+    _, u = calibrated_logit(torch.tensor(2.0), torch.tensor(var[-1]), lam=10.0)
+    assert u > 2  # far from the data the logit is shrunk towards 0
+
+
+def test_every_head_gives_a_logit_and_a_nonnegative_variance():
+    h = torch.randn(5, 8)
+    for head in (MCDropoutHead(8, 0.2, 6), EnsembleHead(8, 3), RandomFeatureGPHead(8, 16, 0.1, 1e-3)):
+        g, var = head.predict(h)
+        assert g.shape == var.shape == (5,) and (var >= 0).all()
+        assert head.train_logits(h).shape[0] == 5
+
+
+# --- preference model ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("estimator", ["sngp", "mc_dropout", "ensemble"])
+def test_preference_model_is_antisymmetric_in_the_order_of_responses(tiny, estimator, tmp_path):
+    pm = PreferenceModel.from_backbone(tiny.path, SimpleNamespace(**{**vars(HEAD_CFG), "estimator": estimator}))
+    torch.manual_seed(1)
+    for p in pm.head.parameters():  # a non-trivial head
+        torch.nn.init.normal_(p, std=1.0)
+    q = tiny.problems[0].question
+    triples = [(q, "Step 1: 2 + 3 = 5\nAnswer: 5", "Answer: 7"), (q, "Answer: 1", "no idea")]
+    pm.fit_posterior(triples)
+    g, var = pm.score(triples)
+    g_flip, var_flip = pm.score([(x, b, a) for x, a, b in triples])
+    assert torch.allclose(g, -g_flip, atol=1e-5) and g.abs().max() > 1e-4
+    if estimator != "mc_dropout":  # mc_dropout's variance is itself a sample
+        assert torch.allclose(var, var_flip, atol=1e-6)
+        pm.save_pretrained(tmp_path)
+        g2, var2 = PreferenceModel.from_pretrained(tmp_path).score(triples)
+        assert torch.allclose(g, g2, atol=1e-5) and torch.allclose(var, var2, atol=1e-6)
+
+
+def test_preference_model_loss_is_bradley_terry_and_falls_with_training(tiny):
+    pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
+    q = tiny.problems[0].question
+    texts = pm.texts([(q, "Answer: 5", "Answer: 9"), (q, "Answer: 9", "Answer: 5")])
+    batch = {**pm.encode(texts), "labels": torch.tensor([1, 0])}
+    opt = torch.optim.Adam(pm.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        loss = pm(**batch)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert abs(losses[0] - math.log(2)) < 0.1 and losses[-1] < 0.3 * losses[0]
+
+
+# --- SePPO ----------------------------------------------------------------------------------------------------
+
+def test_anchor_rule_flips_only_when_the_reference_fits_the_anchor_better():
+    h_w = torch.tensor([0.5, -0.5, 0.0])
+    h_r = torch.tensor([1.0, 1.0, 1.0])
+    assert aaf_sign(h_w).tolist() == [1.0, -1.0, 1.0]
+    beta = 0.7
+    loss = seppo_loss(h_w, h_r, beta)
+    dpo = -torch.nn.functional.logsigmoid(beta * (h_w - h_r))
+    assert torch.allclose(loss[[0, 2]], dpo[[0, 2]])  # sign +1: exactly DPO
+    assert torch.isclose(loss[1], -torch.nn.functional.logsigmoid(torch.tensor(beta * (-0.5 + 1.0))))
+    # the flipped pair pushes the reference sample up, not down
+    h_r_var = h_r.clone().requires_grad_()
+    seppo_loss(h_w, h_r_var, beta).sum().backward()
+    assert h_r_var.grad[0] > 0 and h_r_var.grad[1] < 0
+
+
+def test_seppo_trainer_starts_at_log2_and_learns(tiny, tmp_path):
+    """With the policy as its own reference, h_w = h_r = 0 at step 0 (our log-probs match TRL's tokenisation)."""
+    tok, model = tiny.tok, tiny.model
+    rows = []
+    for p in tiny.problems[:8]:
+        x = prompt(p.question)
+        y_w = f" cot\n{render_response(p, BY_NAME['cot'])}"
+        y_r = f" cot\nAnswer: {p.answer + 1}"
+        rows.append({"prompt": x, "chosen": y_w, "rejected": y_r})
+    ref_w = completion_logps(model, tok, [r["prompt"] for r in rows], [r["chosen"] for r in rows])
+    ref_r = completion_logps(model, tok, [r["prompt"] for r in rows], [r["rejected"] for r in rows])
+    data = Dataset.from_list([{**r, "ref_chosen_logps": a, "ref_rejected_logps": b}
+                              for r, a, b in zip(rows, ref_w, ref_r)])
+    args = DPOConfig(str(tmp_path), precompute_ref_log_probs=True, beta=0.5, max_steps=12, learning_rate=5e-3,
+                     per_device_train_batch_size=8, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    trainer = SePPOTrainer(model=tiny.path, args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert abs(float(losses[0]) - math.log(2)) < 1e-3, losses[0]
+    assert float(losses[-1]) < float(losses[0]) - 0.05
+
+
+# --- preference data ------------------------------------------------------------------------------------------
+
+def _sample(i, response, verifier, anchor):
+    return {"id": f"q{i}", "question": f"question {i}", "anchor": "ANCHOR", "response": response,
+            "verifier_wins": verifier, "anchor_wins": anchor}
+
+
+def test_training_pairs_follow_the_chosen_label():
+    samples = [_sample(1, "right", True, False), _sample(1, "wrong", False, True)]
+    by_verifier = {(p["chosen"], p["rejected"]) for p in training_pairs(samples, "verifier")}
+    assert by_verifier == {("ANCHOR", "wrong"), ("right", "wrong")}
+    by_anchor = {(p["chosen"], p["rejected"]) for p in training_pairs(samples, "anchor")}
+    assert by_anchor == {("ANCHOR", "right"), ("wrong", "right")}
+
+
+def _resp(text, correct, predicted, n_tokens, source="s"):
+    return {"response": text, "correct": correct, "predicted": predicted, "n_tokens": n_tokens,
+            "trajectory": "cot", "source": source}
+
+
+def test_benchmark_pairs_are_labelled_balanced_and_leak_checked():
+    records = [{"id": f"t{i}", "question": f"test question {i}", "difficulty": 1 + i % 2} for i in range(6)]
+    responses = {r["id"]: [_resp("a", True, 5, 10), _resp("b", False, 6, 10), _resp("c", False, 7, 12),
+                           _resp("d", True, 5, 14)] for r in records}
+    pairs = benchmark_pairs(records, responses, pairs_per_difficulty=4, hard_pairs_per_difficulty=2, seed=0)
+    for d in (1, 2):
+        kinds = [p["kind"] for p in pairs if p["difficulty"] == d]
+        assert kinds.count("decisive") == 4 and kinds.count("both_wrong") == 2 and kinds.count("both_right") == 2
+    for p in pairs:
+        if p["kind"] == "decisive":
+            assert p["label"] == ("A" if p["a_correct"] else "B") and p["a_correct"] != p["b_correct"]
+        else:
+            assert p["label"] == "tie"
+    # one pair per question per round: the 4 decisive pairs of a difficulty cover all 3 of its questions
+    assert len({p["id"] for p in pairs if p["kind"] == "decisive" and p["difficulty"] == 1}) == 3
+    assert {p["label"] for p in pairs if p["kind"] == "decisive"} == {"A", "B"}
+    check_no_leakage(pairs, [{"id": "train-1", "question": "another"}], "bench")
+    with pytest.raises(DataError, match="t0"):
+        check_no_leakage(pairs, [{"id": "x", "question": "Test question 0 "}], "bench")
+
+
+# --- calibration figures --------------------------------------------------------------------------------------
+
+def test_calibration_figures_on_known_cases():
+    torch.manual_seed(0)
+    p = torch.rand(20000) * 0.5 + 0.5
+    label_a = torch.rand(20000) < p  # calibrated by construction
+    assert expected_calibration_error(p.tolist(), label_a.tolist()) < 0.02
+    assert expected_calibration_error([0.99] * 100, [True] * 50 + [False] * 50) > 0.45
+    assert spearman([1, 2, 3, 4], [0, 0, 1, 1]) > 0.8 and spearman([1, 2, 3, 4], [1, 1, 0, 0]) < -0.8
+    deciles = accuracy_by_decile(list(range(100)), [i < 50 for i in range(100)])
+    assert deciles[0]["accuracy"] == 1.0 and deciles[-1]["accuracy"] == 0.0 and len(deciles) == 10
