@@ -140,6 +140,8 @@ class PreferenceBenchmarkParams(_Section):
     """The held-out preference benchmark, built from the test split only."""
 
     samples_per_checkpoint: int = Field(ge=1, description="responses per test question from each checkpoint")
+    reference_solutions: bool = Field(
+        description="also a verified reference solution per question (decisive pairs even from weak checkpoints)")
     temperature: float = Field(gt=0, description="sampling temperature (variety between responses)")
     pairs_per_difficulty: int = Field(ge=1, description="decisive pairs (one right, one wrong) per difficulty")
     hard_pairs_per_difficulty: int = Field(

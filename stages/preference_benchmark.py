@@ -1,7 +1,8 @@
 """Stage `preference_benchmark`: held-out response pairs with verifier ground truth, from the test split only.
 
 Every checkpoint of the SFT run (the warm-up model, the sft snapshots and the final SFT model) answers every
-test question ``samples_per_checkpoint`` times at ``temperature``; the verifier judges each response. Pairs
+test question ``samples_per_checkpoint`` times at ``temperature``; the verifier judges each response. With
+``reference_solutions``, the verified solution (cot) joins each question's responses. Pairs
 of responses to the same question are then drawn balanced by difficulty (``benchmark_pairs``): decisive
 pairs (one right, one wrong) and hard tie pairs (both wrong with different answers, both right with
 different lengths). A benchmark question that is also a training question stops the stage.
@@ -22,7 +23,7 @@ from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import HFGenerator
 from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
-from posttrain.preference_data import benchmark_pairs, check_no_leakage
+from posttrain.preference_data import anchor_completion, benchmark_pairs, check_no_leakage
 from posttrain.seppo import reference_checkpoints
 from posttrain.sandbox import sandbox_limits
 from posttrain.task.records import DataError
@@ -57,6 +58,12 @@ def main() -> None:
                 responses[rec["id"]].append({"response": c.text, "n_tokens": c.n_tokens, "correct": row["correct"],
                                              "predicted": row["predicted"], "trajectory": row["trajectory"],
                                              "source": Path(source).name})
+        if cfg.reference_solutions:
+            for rec in records:
+                text = anchor_completion(rec, " cot")
+                responses[rec["id"]].append({"response": text, "n_tokens": len(tokenizer(text)["input_ids"]),
+                                             "correct": True, "predicted": rec["answer"], "trajectory": "cot",
+                                             "source": "reference_solution"})
         pairs = benchmark_pairs(records, responses, cfg.pairs_per_difficulty, cfg.hard_pairs_per_difficulty,
                                 params.seed)
         if not any(p["label"] != "tie" for p in pairs):
