@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 
 from posttrain.evaluation import OWN_CHOICE
+import mlflow
+
 from posttrain.params import load_params
+from posttrain.tracking import configure
 from posttrain.seppo import train_policy
 from stages.evaluate import evaluate_model
 
@@ -22,7 +25,7 @@ POLICY, SAMPLES, TEST = "models/sft", Path("data/seppo/samples.jsonl"), Path("da
 OUT = Path("reports/bench/seppo_vs_dpo.json")
 
 
-def main() -> None:
+def run() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=1, help="training seeds per loss")
     ap.add_argument("--n-test", type=int, default=None, help="first n test questions (default: all)")
@@ -51,7 +54,17 @@ def main() -> None:
               + f"{s['accuracy']:7.3f}" + (f"{timing[name]:9.0f}" if name in timing else ""))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"results": results, "train_seconds": timing}, indent=1))
+    mlflow.log_metrics({f"{name.replace('/', '.')}.accuracy": s["accuracy"] for name, s in results.items()})
+    mlflow.log_artifact(str(OUT))
     print(f"\nwritten {OUT}")
+
+
+def main() -> None:
+    """Everything the bench trains logs into one MLflow run of the project's experiment."""
+    experiment_id = configure(load_params())
+    tags = {"posttrain.bench": "bench/seppo_vs_dpo"}
+    with mlflow.start_run(experiment_id=experiment_id, run_name="bench/seppo_vs_dpo", tags=tags):
+        run()
 
 
 if __name__ == "__main__":

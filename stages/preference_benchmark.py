@@ -76,7 +76,8 @@ def main() -> None:
         metrics = {"n_pairs": len(pairs),
                    "pairs": {kind: {str(d): counts[(kind, d)] for d in sorted({p["difficulty"] for p in pairs})}
                              for kind in ("decisive", "both_wrong", "both_right")},
-                   "label_A_share": sum(p["label"] == "A" for p in pairs) / max(1, sum(p["label"] != "tie" for p in pairs))}
+                   "label_A_share": sum(p["label"] == "A" for p in pairs)
+                   / max(1, sum(p["label"] != "tie" for p in pairs))}
         atomic_write_json(METRICS, metrics)
         mlflow.log_metric("n_pairs", len(pairs))
         mlflow.log_dict(metrics, "preference_benchmark.json")

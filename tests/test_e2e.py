@@ -19,7 +19,8 @@ from posttrain.orchestration import prefect_settings
 from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "evaluate"]
+STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
+          "evaluate"]
 pytestmark = pytest.mark.e2e
 
 
@@ -83,6 +84,32 @@ def test_repro_writes_every_output(repro):
     assert (repo / "models/sft/config.json").is_file() and (repo / "models/planner/config.json").is_file()
 
 
+def test_preference_stages_write_pairs_models_and_figures(repro):
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    from posttrain.preference_model import PreferenceModel
+
+    repo, _ = repro
+    samples = [json.loads(line) for line in (repo / "data/seppo/samples.jsonl").open()]
+    assert len(samples) == 16 * 2
+    assert {"reference", "anchor", "response", "h_w", "h_r", "anchor_wins", "verifier_wins"} <= set(samples[0])
+    pairs = [json.loads(line) for line in (repo / "data/seppo/pairs.jsonl").open()]
+    assert pairs and all(p["chosen"] != p["rejected"] for p in pairs)
+    bench = [json.loads(line) for line in (repo / "data/preference_benchmark/pairs.jsonl").open()]
+    assert any(p["label"] in ("A", "B") for p in bench) and all(p["id"].startswith("test-") for p in bench)
+    metrics = json.loads((repo / "reports/metrics/train_rm.json").read_text())
+    for key in ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "pm_pairs_per_s"):
+        assert 0 <= metrics[key] and (key == "pm_pairs_per_s" or metrics[key] <= 1), key
+    for png in ("reliability.png", "accuracy_by_uncertainty_decile.png"):
+        assert (repo / "reports/rm" / png).stat().st_size > 1000
+    # the PM loads with our class, its backbone with plain transformers; the pointwise RM is a standard HF model
+    pm = PreferenceModel.from_pretrained(repo / "models/rm")
+    g, var = pm.score([(bench[0]["question"], bench[0]["a"], bench[0]["b"])])
+    assert g.shape == var.shape == (1,)
+    assert AutoModel.from_pretrained(repo / "models/rm").config.hidden_size == pm.backbone.config.hidden_size
+    assert AutoModelForSequenceClassification.from_pretrained(repo / "models/rm_pointwise").config.num_labels == 1
+
+
 def test_one_mlflow_run_per_stage_with_lineage(repro):
     repo, _ = repro
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
@@ -112,18 +139,28 @@ def test_second_repro_runs_nothing(repro):
     assert run(["dvc", "status"], repo).strip().endswith("Data and pipelines are up to date.")
 
 
-def test_warmup_resumes_after_a_kill(repro):
-    repo, _ = repro
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["warmup"]["max_steps"] = 60
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    proc = subprocess.Popen(["dvc", "repro", "warmup"], cwd=repo, env=_env(repo.parent),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    while not list((repo / "checkpoints/warmup").glob("*/checkpoint-20")) and time.time() < deadline:
-        time.sleep(0.5)
+def kill_when(cmd: list[str], repo: Path, ready, timeout: float = 600) -> None:
+    """Start ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or it exits, or time runs out)."""
+    proc = subprocess.Popen(cmd, cwd=repo, env=_env(repo.parent), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def set_params(repo: Path, section: str, **values) -> None:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params[section].update(values)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def test_warmup_resumes_after_a_kill(repro):
+    repo, _ = repro
+    set_params(repo, "warmup", max_steps=60)
+    kill_when(["dvc", "repro", "warmup"], repo,
+              lambda: bool(list((repo / "checkpoints/warmup").glob("*/checkpoint-20"))))
     assert list((repo / "checkpoints/warmup").glob("*/checkpoint-*")), "no checkpoint before the kill"
     out = run(["dvc", "repro", "warmup"], repo)
     assert "warmup: resuming from" in out and "checkpoint-" in out
@@ -132,24 +169,28 @@ def test_warmup_resumes_after_a_kill(repro):
 
 def test_dots_search_resumes_after_a_kill(repro):
     repo, _ = repro
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["dots_search"]["temperature"] = 0.7
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    proc = subprocess.Popen(["dvc", "repro", "dots_search"], cwd=repo, env=_env(repo.parent),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    done = []
-    while time.time() < deadline and proc.poll() is None:
+    set_params(repo, "dots_search", temperature=0.7)
+
+    def six_done() -> bool:
         done = list((repo / "checkpoints/dots_search").glob("*/done.jsonl"))
-        if done and done[0].read_text().count("\n") >= 6:
-            break
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert done, "the search wrote no progress before the kill"
+        return bool(done) and done[0].read_text().count("\n") >= 6
+
+    kill_when(["dvc", "repro", "dots_search"], repo, six_done)
+    assert list((repo / "checkpoints/dots_search").glob("*/done.jsonl")), "no progress before the kill"
     out = run(["dvc", "repro", "dots_search"], repo)
     assert "dots_search: resuming, 6 of 12 questions already searched" in out
     assert len((repo / "data/dots/search.jsonl").read_text().splitlines()) == 12
+
+
+def test_train_rm_resumes_after_a_kill(repro):
+    repo, _ = repro
+    set_params(repo, "train_rm", max_steps=12)
+    cmd = ["dvc", "repro", "--single-item", "train_rm"]
+    kill_when(cmd, repo, lambda: bool(list((repo / "checkpoints/train_rm/pm").glob("*/checkpoint-6"))))
+    assert list((repo / "checkpoints/train_rm/pm").glob("*/checkpoint-*")), "no checkpoint before the kill"
+    out = run(cmd, repo)
+    assert "train_rm: resuming the preference model from" in out
+    assert json.loads((repo / "reports/metrics/train_rm.json").read_text())["n_decisive"] > 0
 
 
 def test_prefect_flow_runs_the_pipeline(tmp_path):

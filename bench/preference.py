@@ -1,0 +1,86 @@
+"""Reward models on the held-out preference benchmark: pointwise RM vs pairwise PM, ECE raw vs calibrated,
+Spearman(uncertainty, correct), accuracy by uncertainty decile, and the PM's pairs/s on this machine.
+
+    python3 bench/preference.py                      # after `dvc repro`: reads reports/metrics/train_rm.json
+    python3 bench/preference.py --estimators sngp mc_dropout ensemble   # also retrains the PM with each
+
+Prints a report (and writes reports/bench/preference.json); nothing here is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+
+from posttrain.params import load_params
+from posttrain.tracking import configure
+from posttrain.preference_model import PreferenceModel
+from posttrain.preference_training import train_preference_model
+from stages.train_rm import BENCHMARK, PAIRS, SFT, benchmark_report, read_jsonl
+
+OUT = Path("reports/bench/preference.json")
+KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "spearman_uncertainty_correct",
+        "accuracy_lowest_uncertainty_decile", "accuracy_highest_uncertainty_decile")
+
+
+def throughput(pm: PreferenceModel, bench: list[dict], batch_sizes=(16, 64)) -> dict[int, float]:
+    """Benchmark pairs scored per second (both orders, antisymmetrised) at each batch size."""
+    triples = [(p["question"], p["a"], p["b"]) for p in bench]
+    out = {}
+    for bs in batch_sizes:
+        start = time.perf_counter()
+        pm.score(triples, bs)
+        out[bs] = len(triples) / (time.perf_counter() - start)
+    return out
+
+
+def run() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--estimators", nargs="*", default=[], help="retrain the PM with these estimators too")
+    args = ap.parse_args()
+    params = load_params()
+    stage = json.loads(Path("reports/metrics/train_rm.json").read_text())
+    bench = read_jsonl(BENCHMARK)
+    report = {f"stage ({params.train_rm.estimator})": {k: stage[k] for k in KEYS}}
+    pm = PreferenceModel.from_pretrained("models/rm")
+    speed = throughput(pm, bench)
+    deciles = json.loads(Path("reports/rm/curves.json").read_text())["deciles"]
+    if args.estimators:
+        pairs = read_jsonl(PAIRS)
+        stage_scores = [json.loads(line) for line in Path("reports/rm/benchmark_scores.jsonl").read_text().splitlines()]
+        margins = [s["pointwise_margin"] for s in stage_scores]
+        for estimator in args.estimators:
+            cfg = params.train_rm.model_copy(update={"estimator": estimator})
+            with tempfile.TemporaryDirectory() as ckpt:
+                model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS], seed=params.seed)
+            g, var = model.score([(p["question"], p["a"], p["b"]) for p in bench], cfg.eval_batch_size)
+            metrics, _ = benchmark_report(bench, g, var, cfg.uncertainty_lambda, margins)
+            report[f"retrained {estimator}"] = {k: metrics[k] for k in KEYS}
+    print(f"benchmark: {stage['n_decisive']} decisive pairs, {stage['n_tie']} tie pairs\n")
+    print(f"{'':26}" + "".join(f"{k.replace('accuracy', 'acc').replace('uncertainty', 'u')[:14]:>15}" for k in KEYS))
+    for name, row in report.items():
+        print(f"{name:26}" + "".join(f"{row[k]:15.3f}" for k in KEYS))
+    print("\nPM accuracy by uncertainty decile (1 = most certain):")
+    print("  " + "  ".join(f"{d['decile']}:{d['accuracy']:.2f}" for d in deciles))
+    print(f"\ntie pairs: mean |p - 0.5| = {stage['tie_mean_abs_p_minus_half']}, mean u on ties "
+          f"{stage['mean_uncertainty_tie']} vs decisive {stage['mean_uncertainty_decisive']:.4f}")
+    print("PM throughput: " + ", ".join(f"{v:.1f} pairs/s at batch {k}" for k, v in speed.items()))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"report": report, "deciles": deciles, "pairs_per_s": speed}, indent=1))
+    mlflow.log_artifact(str(OUT))
+
+
+def main() -> None:
+    """Everything the bench trains logs into one MLflow run of the project's experiment."""
+    experiment_id = configure(load_params())
+    tags = {"posttrain.bench": "bench/preference"}
+    with mlflow.start_run(experiment_id=experiment_id, run_name="bench/preference", tags=tags):
+        run()
+
+
+if __name__ == "__main__":
+    main()
