@@ -34,13 +34,20 @@ def tail(tokenizer, text: str, max_tokens: int) -> str:
     return text if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
 
 
-def pair_text(question: str, a: str, b: str) -> str:
-    """The PM's input for (x, A, B); the fixed closing line is where the last-token state is pooled."""
-    return f"Question: {question}\nResponse A: {a.strip()}\nResponse B: {b.strip()}\nWhich response is better?"
+def pair_segments(question: str, a: str, b: str) -> list[str]:
+    """The PM's input for (x, A, B) in five pieces; pieces 1 and 3 are the responses."""
+    return [f"Question: {question}\nResponse A:", f" {a.strip()}", "\nResponse B:", f" {b.strip()}",
+            "\nWhich response is better?"]
 
 
 class PreferenceModel(nn.Module):
-    """Backbone (a causal LM's transformer) + an uncertainty head over the last token's hidden state."""
+    """Backbone (a causal LM's transformer) + an uncertainty head.
+
+    The head reads h(end of A) - h(end of B): the hidden states at the last token of each response. (The
+    last token of the whole sequence, the usual choice, sits on a fixed closing line whose state barely
+    varies in a small model; trained from it, the PM stayed at chance. The response ends carry the answer
+    each response gave, in the context of its own steps and of the other response.)
+    """
 
     def __init__(self, backbone, tokenizer, estimator: str, head_cfg, max_response_tokens: int, lam: float):
         super().__init__()
@@ -56,14 +63,36 @@ class PreferenceModel(nn.Module):
         return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), cfg.estimator, cfg,
                    cfg.max_response_tokens, cfg.uncertainty_lambda)
 
-    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        # the last real token, whichever side the tokenizer pads
-        last = (torch.arange(input_ids.shape[1], device=input_ids.device) * attention_mask).argmax(-1)
-        return hidden[torch.arange(len(hidden)), last]
+    def encode(self, triples: list[tuple[str, str, str]]) -> dict[str, torch.Tensor]:
+        """Left-padded ids of each (question, A, B), responses cut to their last ``max_response_tokens`` tokens,
+        and the positions of the last token of A and of B."""
+        tok, n = self.tokenizer, self.max_response_tokens
+        seqs, ends = [], []
+        for q, a, b in triples:
+            ids, marks = [], []
+            for k, piece in enumerate(pair_segments(q, a, b)):
+                piece_ids = tok(piece, add_special_tokens=False)["input_ids"]
+                ids += piece_ids[-n:] if k in (1, 3) else piece_ids
+                marks.append(len(ids) - 1)
+            seqs.append(ids)
+            ends.append((marks[1], marks[3]))
+        width = max(map(len, seqs))
+        input_ids = torch.full((len(seqs), width), tok.pad_token_id)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, ids in enumerate(seqs):
+            input_ids[i, width - len(ids):] = torch.tensor(ids)
+            mask[i, width - len(ids):] = 1
+        offsets = torch.tensor([width - len(ids) for ids in seqs])
+        return {"input_ids": input_ids, "attention_mask": mask,
+                "end_a": offsets + torch.tensor([e[0] for e in ends]), "end_b": offsets + torch.tensor([e[1] for e in ends])}
 
-    def forward(self, input_ids, attention_mask, labels=None):
-        logits = self.head.train_logits(self.pooled(input_ids, attention_mask))  # (batch, members)
+    def pooled(self, input_ids, attention_mask, end_a, end_b) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        rows = torch.arange(len(hidden), device=hidden.device)
+        return hidden[rows, end_a] - hidden[rows, end_b]
+
+    def forward(self, input_ids, attention_mask, end_a, end_b, labels=None):
+        logits = self.head.train_logits(self.pooled(input_ids, attention_mask, end_a, end_b))  # (batch, members)
         out = {"logits": logits.mean(-1)}
         if labels is not None:
             target = labels.float()[:, None].expand_as(logits)
@@ -73,18 +102,12 @@ class PreferenceModel(nn.Module):
             out["loss"] = loss.mean()
         return out
 
-    def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-
-    def texts(self, triples: list[tuple[str, str, str]]) -> list[str]:
-        n = self.max_response_tokens
-        return [pair_text(q, tail(self.tokenizer, a, n), tail(self.tokenizer, b, n)) for q, a, b in triples]
-
     @torch.no_grad()
-    def features(self, texts: list[str], batch_size: int = 64, desc: str = "PM features") -> torch.Tensor:
+    def features(self, triples: list[tuple[str, str, str]], batch_size: int = 64,
+                 desc: str = "PM features") -> torch.Tensor:
         self.eval()
-        chunks = [self.pooled(**self.encode(texts[i:i + batch_size]))
-                  for i in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch")]
+        chunks = [self.pooled(**self.encode(triples[i:i + batch_size]))
+                  for i in tqdm(range(0, len(triples), batch_size), desc=desc, unit="batch")]
         return torch.cat(chunks) if chunks else torch.empty(0, self.backbone.config.hidden_size)
 
     @torch.no_grad()
@@ -93,8 +116,7 @@ class PreferenceModel(nn.Module):
         if not isinstance(self.head, RandomFeatureGPHead):
             return
         self.head.reset_precision()
-        texts = self.texts(triples) + self.texts([(q, b, a) for q, a, b in triples])
-        h = self.features(texts, batch_size, desc="SNGP precision pass")
+        h = self.features(triples + [(q, b, a) for q, a, b in triples], batch_size, desc="SNGP precision pass")
         for i in range(0, len(h), 1024):
             self.head.accumulate(h[i:i + 1024])
         self.head.finalize()
@@ -102,9 +124,8 @@ class PreferenceModel(nn.Module):
     @torch.no_grad()
     def score(self, triples: list[tuple[str, str, str]], batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
         """Antisymmetrised (g, var) for (question, A, B): g = (s(A,B) - s(B,A)) / 2, var = mean of both orders."""
-        flipped = [(q, b, a) for q, a, b in triples]
-        g_ab, v_ab = self.head.predict(self.features(self.texts(triples), batch_size))
-        g_ba, v_ba = self.head.predict(self.features(self.texts(flipped), batch_size))
+        g_ab, v_ab = self.head.predict(self.features(triples, batch_size))
+        g_ba, v_ba = self.head.predict(self.features([(q, b, a) for q, a, b in triples], batch_size))
         return (g_ab - g_ba) / 2, (v_ab + v_ba) / 2
 
     def save_pretrained(self, path: str | Path) -> None:

@@ -49,12 +49,10 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     set_seed(seed)
     pm = PreferenceModel.from_backbone(init_model, cfg)
     rows = both_orders(pairs, seed)
-    texts = pm.texts([triple for triple, _ in rows])
-    dataset = Dataset.from_list([{"text": t, "labels": y} for t, (_, y) in zip(texts, rows)])
+    dataset = Dataset.from_list([{"triple": list(triple), "labels": y} for triple, y in rows])
 
     def collate(batch: list[dict]) -> dict:
-        enc = pm.encode([b["text"] for b in batch])
-        return {**enc, "labels": torch.tensor([b["labels"] for b in batch])}
+        return {**pm.encode([tuple(b["triple"]) for b in batch]), "labels": torch.tensor([b["labels"] for b in batch])}
 
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
     resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None

@@ -1,7 +1,9 @@
 """Output heads that give a logit and its uncertainty (METHODS.md section 3), over pooled backbone features h.
 
 - ``RandomFeatureGPHead`` (``sngp``): a Laplace-approximated random-feature Gaussian process.
-  phi = sqrt(2/D) cos(W h + b) with W ~ N(0, sigma^2), b ~ U(0, 2 pi) frozen; logit g = w . phi + c.
+  phi = sqrt(2/D) cos(W h + b) with W ~ N(0, sigma^2), b ~ U(0, 2 pi) frozen; logit g = w . phi + c. (The
+  output layer is parametrised on the unscaled cosines, w' = w sqrt(2/D): the same functions, but under Adam
+  the sqrt(2/D) factor slowed its learning so much that a PM on a small backbone stayed at chance.)
   After training, one pass over the training features accumulates the precision ridge*I + Phi^T Phi, and
   var(h) = ridge * phi^T (ridge I + Phi^T Phi)^-1 phi: near 0 where training data was dense, near 1 far away.
 - ``MCDropoutHead`` (``mc_dropout``): dropout on h before a linear layer, kept on at prediction; the
@@ -47,7 +49,7 @@ class RandomFeatureGPHead(nn.Module):
         return math.sqrt(2 / self.W.shape[0]) * torch.cos(h.float() @ self.W.T + self.b)
 
     def train_logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.features(h))
+        return self.linear(self.features(h) * math.sqrt(self.W.shape[0] / 2))
 
     def reset_precision(self) -> None:
         self.precision.copy_(self.ridge * torch.eye(self.W.shape[0], device=self.W.device))
@@ -66,7 +68,7 @@ class RandomFeatureGPHead(nn.Module):
     def predict(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         phi = self.features(h)
         var = self.ridge * ((phi @ self.covariance) * phi).sum(-1)
-        return self.linear(phi).squeeze(-1), var.clamp_min(0)
+        return self.train_logits(h).squeeze(-1), var.clamp_min(0)
 
 
 class MCDropoutHead(nn.Module):

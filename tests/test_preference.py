@@ -97,11 +97,21 @@ def test_preference_model_is_antisymmetric_in_the_order_of_responses(tiny, estim
         assert torch.allclose(g, g2, atol=1e-5) and torch.allclose(var, var2, atol=1e-6)
 
 
+def test_preference_model_pools_the_last_token_of_each_response(tiny):
+    pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
+    enc = pm.encode([("Compute 1 + 1.", "Answer: 2", "Answer: 3"), ("Q", "a much longer response " * 3, "b")])
+    for i, (a, b) in enumerate([("Answer: 2", "Answer: 3"), ("a much longer response " * 3, "b")]):
+        ids = enc["input_ids"][i].tolist()
+        a_ids = pm.tokenizer(" " + a.strip(), add_special_tokens=False)["input_ids"]
+        b_ids = pm.tokenizer(" " + b.strip(), add_special_tokens=False)["input_ids"]
+        assert ids[enc["end_a"][i] - len(a_ids) + 1:enc["end_a"][i] + 1] == a_ids
+        assert ids[enc["end_b"][i] - len(b_ids) + 1:enc["end_b"][i] + 1] == b_ids
+
+
 def test_preference_model_loss_is_bradley_terry_and_falls_with_training(tiny):
     pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
     q = tiny.problems[0].question
-    texts = pm.texts([(q, "Answer: 5", "Answer: 9"), (q, "Answer: 9", "Answer: 5")])
-    batch = {**pm.encode(texts), "labels": torch.tensor([1, 0])}
+    batch = {**pm.encode([(q, "Answer: 5", "Answer: 9"), (q, "Answer: 9", "Answer: 5")]), "labels": torch.tensor([1, 0])}
     opt = torch.optim.Adam(pm.parameters(), lr=1e-2)
     losses = []
     for _ in range(60):
