@@ -173,6 +173,32 @@ class PolicyOptParams(TrainingParams):
     beta: float = Field(gt=0, description="inverse temperature of the preference loss")
 
 
+class JudgeParams(_Section):
+    """The pairwise LLM judge (OpenAI chat-completions protocol) and the local judge service."""
+
+    base_url: str | None = Field(description="an OpenAI-compatible endpoint (e.g. http://host:8000/v1); "
+                                             "null = start the local judge service")
+    model: str = Field(min_length=1, description="model name sent to the endpoint (and part of the cache key)")
+    api_key_env: str | None = Field(description="environment variable holding the API key (never logged)")
+    backend: Literal["verifier", "hf"] = Field(description="local service: task verifier or a local HF model")
+    hf_model: str = Field(description="local service, hf backend: the model directory or hub id")
+    criteria: str = Field(min_length=1, description="what the judge is told to compare")
+    both_orders: bool = Field(description="ask (A, B) and (B, A); disagreement counts as a tie")
+    temperature: float = Field(ge=0, description="judge sampling temperature")
+    concurrency: int = Field(ge=1, description="requests in flight at once")
+    requests_per_minute: float = Field(gt=0, description="request starts per minute, at most")
+    timeout_s: float = Field(gt=0, description="per-request timeout")
+    max_retries: int = Field(ge=0, description="retries after a failed request, then fall back to the RM")
+    backoff_s: float = Field(ge=0, description="first retry wait (exponential with jitter after)")
+    max_backoff_s: float = Field(ge=0, description="longest retry wait (also caps Retry-After)")
+    price_in_per_1k: float = Field(ge=0, description="price per 1000 prompt tokens")
+    price_out_per_1k: float = Field(ge=0, description="price per 1000 completion tokens")
+    cache: str = Field(min_length=1, description="SQLite verdict cache (kept across runs: a re-run never pays twice)")
+    latency_s: float = Field(ge=0, description="local service: added latency per request")
+    faults: dict[str, float] = Field(description="local service: fault -> probability (http_500, http_429, timeout, "
+                                                 "malformed_json, truncated_json, no_verdict)")
+
+
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
@@ -203,6 +229,7 @@ class Params(_Section):
     preference_benchmark: PreferenceBenchmarkParams
     train_rm: RewardModelParams
     policy_opt: PolicyOptParams
+    judge: JudgeParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 

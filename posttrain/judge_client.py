@@ -1,0 +1,200 @@
+"""A pairwise LLM judge over the OpenAI chat-completions protocol: concurrency and rate limits, timeouts,
+retries with backoff (tenacity; 429 honours Retry-After), a SQLite cache so a re-run never pays twice, and a
+cost ledger. After the retries a pair has no verdict (``None``): the caller falls back to the RM and counts
+a judge failure. The API key is read from the environment variable named in params and only ever goes
+into the Authorization header.
+
+Example:
+    >>> client = JudgeClient(params.judge, base_url="http://127.0.0.1:8000/v1")          # doctest: +SKIP
+    >>> client.judge([("Compute 2 + 3.", "Answer: 5", "Answer: 6")])                     # doctest: +SKIP
+    ['A']
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
+
+
+class JudgeCallError(Exception):
+    """One attempt failed in a way worth retrying (timeout, 5xx, 429, malformed body, no verdict)."""
+
+    def __init__(self, kind: str, retry_after: float | None = None):
+        super().__init__(kind)
+        self.kind, self.retry_after = kind, retry_after
+
+
+def _retryable(err: BaseException) -> bool:
+    return isinstance(err, JudgeCallError) and not err.kind.endswith("_fatal")
+
+
+@dataclass
+class CostLedger:
+    """What the judge cost: calls made (cache hits are free), tokens, money, failures by kind."""
+
+    price_in_per_1k: float
+    price_out_per_1k: float
+    calls: int = 0
+    cache_hits: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, tokens_in: int, tokens_out: int) -> None:
+        with self.lock:
+            self.calls += 1
+            self.tokens_in += tokens_in
+            self.tokens_out += tokens_out
+
+    def fail(self, kind: str) -> None:
+        with self.lock:
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+
+    @property
+    def cost(self) -> float:
+        return self.tokens_in / 1000 * self.price_in_per_1k + self.tokens_out / 1000 * self.price_out_per_1k
+
+    def as_metrics(self, prefix: str = "judge.") -> dict[str, float]:
+        out = {"calls": self.calls, "cache_hits": self.cache_hits, "tokens_in": self.tokens_in,
+               "tokens_out": self.tokens_out, "cost": self.cost,
+               "failures": sum(self.failures.values())}
+        out.update({f"failures.{k}": v for k, v in self.failures.items()})
+        return {f"{prefix}{k}": float(v) for k, v in out.items()}
+
+
+class JudgeCache:
+    """verdicts keyed by sha256(judge model, the full prompt): the prompt holds criteria and both responses."""
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+        self.db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, verdict TEXT, raw TEXT)")
+        self.db.commit()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def key(model: str, messages: list[dict]) -> str:
+        return hashlib.sha256(json.dumps([model, messages], sort_keys=True).encode()).hexdigest()
+
+    def get(self, key: str) -> str | None:
+        with self.lock:
+            row = self.db.execute("SELECT verdict FROM verdicts WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def put(self, key: str, verdict: str, raw: str) -> None:
+        with self.lock:
+            self.db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", (key, verdict, raw))
+            self.db.commit()
+
+
+class RateLimiter:
+    """At most ``per_minute`` request starts per minute, evenly spaced, across threads."""
+
+    def __init__(self, per_minute: float):
+        self.interval, self.next, self.lock = 60.0 / per_minute, 0.0, threading.Lock()
+
+    def wait(self) -> None:
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next)
+            self.next = start + self.interval
+        time.sleep(max(0.0, start - now))
+
+
+class JudgeClient:
+    """Judge (question, A, B) triples; ``cfg`` is a ``JudgeParams``."""
+
+    def __init__(self, cfg, base_url: str, cache: JudgeCache | None = None, ledger: CostLedger | None = None):
+        self.cfg = cfg
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=cfg.timeout_s)
+        self.cache = cache
+        self.ledger = ledger or CostLedger(cfg.price_in_per_1k, cfg.price_out_per_1k)
+        self.limiter = RateLimiter(cfg.requests_per_minute)
+
+    def _once(self, messages: list[dict]) -> tuple[str, str]:
+        """One HTTP call -> (verdict, raw answer); raises JudgeCallError on anything retryable."""
+        self.limiter.wait()
+        body = {"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature}
+        try:
+            resp = self.http.post("/chat/completions", json=body)
+        except httpx.TimeoutException:
+            raise JudgeCallError("timeout") from None
+        except httpx.TransportError:
+            raise JudgeCallError("connection") from None
+        if resp.status_code == 429:
+            retry_after = resp.headers.get("Retry-After")
+            raise JudgeCallError("rate_limited", float(retry_after) if retry_after else None)
+        if resp.status_code >= 500:
+            raise JudgeCallError(f"http_{resp.status_code}")
+        if resp.status_code >= 400:  # a client error will not fix itself: no retry
+            raise JudgeCallError(f"http_{resp.status_code}_fatal")
+        try:
+            data = resp.json()
+            text = data["choices"][0]["message"]["content"]
+            usage = data.get("usage") or {}
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise JudgeCallError("malformed_body") from None
+        self.ledger.add(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+        verdict = parse_verdict(text)
+        if verdict is None:
+            raise JudgeCallError("no_verdict")
+        return verdict, text
+
+    def _wait(self, state) -> float:
+        err = state.outcome.exception()
+        if isinstance(err, JudgeCallError) and err.retry_after is not None:
+            return min(err.retry_after, self.cfg.max_backoff_s)
+        return wait_exponential_jitter(multiplier=self.cfg.backoff_s, jitter=self.cfg.backoff_s,
+                                       max=self.cfg.max_backoff_s)(state)
+
+    def ask(self, messages: list[dict]) -> str | None:
+        """The verdict for one prompt (cached), or None after the retries (the failure is in the ledger)."""
+        key = JudgeCache.key(self.cfg.model, messages)
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            with self.ledger.lock:
+                self.ledger.cache_hits += 1
+            return hit
+        retrying = Retrying(stop=stop_after_attempt(self.cfg.max_retries + 1), wait=self._wait,
+                            retry=retry_if_exception(_retryable), reraise=False)
+        try:
+            verdict, raw = retrying(self._once, messages)
+        except RetryError as e:
+            self.ledger.fail(e.last_attempt.exception().kind)
+            return None
+        except JudgeCallError as e:  # a fatal kind: not retried
+            self.ledger.fail(e.kind)
+            return None
+        if self.cache is not None:
+            self.cache.put(key, verdict, raw)
+        return verdict
+
+    def judge(self, triples: list[tuple[str, str, str]]) -> list[str | None]:
+        """A verdict about (A, B) per triple ('A', 'B', 'tie' or None), ``concurrency`` requests at a time."""
+        jobs = [judge_messages(q, a, b, self.cfg.criteria) for q, a, b in triples]
+        if self.cfg.both_orders:
+            jobs += [judge_messages(q, b, a, self.cfg.criteria) for q, a, b in triples]
+        with ThreadPoolExecutor(self.cfg.concurrency) as pool:
+            answers = list(pool.map(self.ask, jobs))
+        if not self.cfg.both_orders:
+            return answers
+        n = len(triples)
+        return [combine_orders(answers[i], answers[n + i]) for i in range(n)]
+
+    def close(self) -> None:
+        self.http.close()

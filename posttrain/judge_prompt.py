@@ -1,0 +1,61 @@
+"""The pairwise judge prompt and the verdict parser (shared by the client and the local judge service).
+
+The prompt frames the question and both responses between fixed markers, so the local service can read
+them back; the parser finds the verdict in an answer full of chatter, reasoning or markdown.
+
+Example:
+    >>> parse_verdict("Let me think... A is off by one. **Final verdict: [[B]]**")
+    'B'
+    >>> parse_verdict("Both are fine, it's a tie.") is None     # no explicit verdict line
+    True
+"""
+from __future__ import annotations
+
+import re
+
+SYSTEM = "You are an impartial judge comparing two responses to the same question."
+QUESTION_MARK, A_MARK, B_MARK, END_MARK = "[Question]", "[Response A]", "[Response B]", "[End of responses]"
+INSTRUCTIONS = ("Compare the two responses by these criteria: {criteria}\n"
+                "Think briefly, then end with exactly one line: 'Verdict: A', 'Verdict: B' or 'Verdict: tie'.")
+
+_VERDICT = re.compile(
+    r"(?:verdict|winner|better response|answer)\s*(?:is)?\s*[:=]?\s*[\*\[\(\"'`]*\s*(A|B|tie|draw)\b(?![\w-])",
+    re.IGNORECASE)
+_BRACKETED = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)  # MT-Bench style [[A]]; [[C]] = tie
+
+
+def judge_messages(question: str, a: str, b: str, criteria: str) -> list[dict]:
+    user = (f"{QUESTION_MARK}\n{question}\n{A_MARK}\n{a.strip()}\n{B_MARK}\n{b.strip()}\n{END_MARK}\n"
+            + INSTRUCTIONS.format(criteria=criteria))
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def read_messages(messages: list[dict]) -> tuple[str, str, str] | None:
+    """(question, A, B) back from a judge prompt built by ``judge_messages``; None if it is not one."""
+    text = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
+    m = re.search(re.escape(QUESTION_MARK) + r"\n(.*?)\n" + re.escape(A_MARK) + r"\n(.*?)\n" + re.escape(B_MARK)
+                  + r"\n(.*?)\n" + re.escape(END_MARK), text, re.DOTALL)
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+def parse_verdict(text: str | None) -> str | None:
+    """'A', 'B' or 'tie' from a judge's answer (the last explicit verdict wins); None when there is none."""
+    if not text:
+        return None
+    text = re.sub(r"<think>.*?</think>", " ", text, flags=re.DOTALL | re.IGNORECASE)  # reasoning models
+    found = [m.group(1) for m in _VERDICT.finditer(text)] + [m.group(1) for m in _BRACKETED.finditer(text)]
+    if not found:
+        return None
+    v = found[-1].lower()
+    return {"a": "A", "b": "B", "tie": "tie", "draw": "tie", "c": "tie"}[v]
+
+
+def combine_orders(ab: str | None, ba: str | None) -> str | None:
+    """One verdict (about the original A, B) from asking (A, B) and then (B, A).
+
+    Disagreement (position bias) counts as a tie; if one order failed, the other decides; both failed: None.
+    """
+    flipped = {"A": "B", "B": "A", "tie": "tie", None: None}[ba]
+    if ab is None or flipped is None:
+        return ab or flipped
+    return ab if ab == flipped else "tie"

@@ -1,0 +1,186 @@
+"""The local judge service: an HTTP server on loopback speaking the OpenAI chat-completions protocol.
+
+Backends:
+- ``verifier`` (default): stands in for a strong, costly reasoning judge. It reads the question and both
+  responses back from the judge prompt, looks the question up in the task's records, and decides by the
+  task verifier (``pot`` programs run in the sandbox): the right response wins; both right or both wrong is
+  a tie. Its answer carries some reasoning text before the verdict line, like a real judge's. Optional
+  latency and injected faults (5xx, 429, hangs, broken bodies, verdict-less answers) from params make it
+  behave like a slow, flaky remote model.
+- ``hf``: a local Hugging Face causal LM generates the judgement from the prompt (any chat model works).
+
+Start it with ``JudgeService(...).start()`` (a free port, a background thread; ``stop()`` ends it) or
+``posttrain judge serve`` for standing use. Usage is counted as whitespace-separated words (an estimate
+of tokens), which the client's cost ledger prices.
+
+Example:
+    >>> with JudgeService(records, backend="verifier") as svc:      # doctest: +SKIP
+    ...     JudgeClient(params.judge, svc.base_url).judge([(q, a, b)])
+"""
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+import uuid
+
+import uvicorn
+from fastapi import Body, FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from posttrain.evaluation import OWN_CHOICE, score_responses
+from posttrain.judge_prompt import read_messages
+from posttrain.trajectories import split_choice
+
+
+def _verdict_text(question: str, verdicts: list[dict]) -> str:
+    a, b = verdicts
+    why = lambda v: f"its final answer {v['predicted']} is {'correct' if v['correct'] else 'wrong'}"  # noqa: E731
+    if a["correct"] == b["correct"]:
+        decision = "tie"
+    else:
+        decision = "A" if a["correct"] else "B"
+    return (f"Checking both responses to: {question}\nResponse A: {why(a)}.\nResponse B: {why(b)}.\n"
+            f"Verdict: {decision}")
+
+
+def verifier_backend(records: list[dict]):
+    """A judge function (messages -> text) that decides by the task verifier."""
+    by_question = {r["question"].strip(): r for r in records}
+
+    def judge(messages: list[dict]) -> str:
+        parsed = read_messages(messages)
+        if parsed is None:
+            return "I can only compare two responses given in the judge prompt format. Verdict: none"
+        question, a, b = parsed
+        rec = by_question.get(question.strip())
+        if rec is None:
+            return f"I do not know the question {question[:60]!r}; I cannot check the answers. Verdict: tie"
+        # an own-choice response names its trajectory on the first line; plain text counts as cot
+        fmts = [OWN_CHOICE if split_choice(x)[0] else "cot" for x in (a, b)]
+        return _verdict_text(question, score_responses([rec, rec], fmts, [a, b]))
+
+    return judge
+
+
+def hf_backend(model_dir: str, max_new_tokens: int = 128):
+    """A judge function that asks a local Hugging Face causal LM (chat template if it has one)."""
+    from posttrain.generation import HFGenerator
+    from posttrain.modeling import load_pretrained
+
+    tokenizer, model = load_pretrained(model_dir)
+    gen = HFGenerator(model, tokenizer, batch_size=1, max_new_tokens=max_new_tokens)
+    lock = threading.Lock()
+
+    def judge(messages: list[dict]) -> str:
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n".join(m["content"] for m in messages) + "\n"
+        with lock:
+            return gen.generate([text], temperature=0.0, progress=False)[0].text
+
+    return judge
+
+
+FAULTS = ("http_500", "http_429", "timeout", "malformed_json", "truncated_json", "no_verdict")
+
+
+def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, float] | None = None,
+              seed: int = 0, hang_s: float = 30.0) -> FastAPI:
+    """The OpenAI-compatible app. ``faults`` maps a fault (see FAULTS) to the probability of injecting it on a
+    request: 5xx, 429 with Retry-After, a hang of ``hang_s`` (the client times out), a non-JSON or cut-off body,
+    an answer with no verdict line."""
+    faults = faults or {}
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown judge faults {sorted(unknown)}; expected some of {FAULTS}")
+    app = FastAPI(title="posttrain judge")
+    rng = random.Random(seed)
+    lock = threading.Lock()
+
+    def draw_fault() -> str | None:
+        with lock:
+            x, acc = rng.random(), 0.0
+        for name, rate in faults.items():
+            acc += rate
+            if x < acc:
+                return name
+        return None
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True}
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    def chat(body: dict = Body(...)):  # a sync endpoint: FastAPI runs it in a thread pool, requests overlap
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return JSONResponse({"error": {"message": "expected a JSON body with 'messages'"}}, status_code=400)
+        if latency_s:
+            time.sleep(latency_s)
+        fault = draw_fault()
+        if fault == "http_500":
+            return JSONResponse({"error": {"message": "injected server error"}}, status_code=500)
+        if fault == "http_429":
+            return JSONResponse({"error": {"message": "slow down"}}, status_code=429, headers={"Retry-After": "0.2"})
+        if fault == "timeout":
+            time.sleep(hang_s)
+        text = "I compared them carefully and both have merit." if fault == "no_verdict" else judge(messages)
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+        payload = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "model": model_name,
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
+                             "total_tokens": prompt_tokens + len(text.split())}}
+        if fault == "malformed_json":
+            return PlainTextResponse("<html>502 Bad Gateway</html>", media_type="application/json")
+        if fault == "truncated_json":
+            return PlainTextResponse(json.dumps(payload)[:40], media_type="application/json")
+        return payload
+
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JudgeService:
+    """The judge app under uvicorn in a background thread on 127.0.0.1 (a free port unless given)."""
+
+    def __init__(self, app: FastAPI, port: int | None = None):
+        self.port = port or free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 30) -> "JudgeService":
+        self.thread.start()
+        deadline = time.time() + timeout
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the local judge service did not start on port {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> "JudgeService":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

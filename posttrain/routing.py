@@ -1,0 +1,98 @@
+"""Uncertainty routing (METHODS.md section 3): which response pairs the costly judge sees, and the pairwise
+advantages that result.
+
+Per prompt with n responses:
+1. the PM scores every ordered pair; ``antisymmetrize`` gives s_ij = (r_ij - r_ji) / 2 and u_ij = the mean
+   (or max) of both orders' uncertainties;
+2. ``route`` picks the unordered pairs (i < j) the judge decides, by policy: ``uncertainty`` (u above a
+   threshold), ``uncertainty_budget`` (the k most uncertain, k = round(budget x pairs)), ``random`` (k pairs
+   uniformly), ``rm_only`` (none), ``judge_only`` (all);
+3. ``apply_verdicts``: A better -> s_ij = +2, B better -> -2, tie -> 0, and s_ji = -s_ij;
+4. ``pairwise_advantages``: A_i = scale / (n - 1) * sum_{j != i} s_ij.
+
+Example:
+    >>> s = torch.tensor([[0.0, 1.0, -1.0], [-1.0, 0.0, 3.0], [1.0, -3.0, 0.0]])
+    >>> pairwise_advantages(s, scale=1.0).tolist()
+    [0.0, 1.0, -1.0]
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Literal
+
+import torch
+
+Policy = Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"]
+VERDICT_LOGIT = {"A": 2.0, "B": -2.0, "tie": 0.0}
+
+
+def antisymmetrize(r: torch.Tensor, u: torch.Tensor, reduce: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, u) from the PM's ordered-pair logits r[i, j] and uncertainties u[i, j] (n x n, diagonal ignored)."""
+    s = (r - r.T) / 2
+    u_sym = (u + u.T) / 2 if reduce == "mean" else torch.maximum(u, u.T)
+    s.fill_diagonal_(0)
+    return s, u_sym
+
+
+def upper_pairs(n: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(n) for j in range(i + 1, n)]
+
+
+def route(u: torch.Tensor, policy: Policy, threshold: float = 1.4, budget: float = 0.1,
+          rng: random.Random | None = None) -> list[tuple[int, int]]:
+    """The pairs (i < j) to send to the judge for one prompt, given the symmetric uncertainty matrix u."""
+    pairs = upper_pairs(u.shape[0])
+    if policy == "rm_only" or not pairs:
+        return []
+    if policy == "judge_only":
+        return pairs
+    if policy == "uncertainty":
+        return [(i, j) for i, j in pairs if u[i, j] > threshold]
+    k = budget_count(len(pairs), budget)
+    if policy == "uncertainty_budget":
+        return sorted(sorted(pairs, key=lambda p: -float(u[p]))[:k])
+    if policy == "random":
+        return sorted((rng or random.Random(0)).sample(pairs, k))
+    raise ValueError(f"unknown routing policy {policy!r}")
+
+
+def budget_count(n_pairs: int, budget: float) -> int:
+    """k = budget x pairs, rounded half up (so 10% of 10 pairs is exactly 1, and 5% of 10 rounds to 1)."""
+    return min(n_pairs, math.floor(budget * n_pairs + 0.5))
+
+
+def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float,
+                rng: random.Random) -> list[tuple[int, int]]:
+    """Global routing over many pairs (e.g. a benchmark): u is a vector, the result a list of indices.
+
+    Budget policies pick k = budget x len(u) pairs in total; ``uncertainty`` uses the threshold.
+    """
+    n = len(u)
+    if policy == "rm_only":
+        return []
+    if policy == "judge_only":
+        return list(range(n))
+    if policy == "uncertainty":
+        return [i for i in range(n) if u[i] > threshold]
+    k = budget_count(n, budget)
+    if policy == "uncertainty_budget":
+        return sorted(torch.argsort(u, descending=True, stable=True)[:k].tolist())
+    if policy == "random":
+        return sorted(rng.sample(range(n), k))
+    raise ValueError(f"unknown routing policy {policy!r}")
+
+
+def apply_verdicts(s: torch.Tensor, verdicts: dict[tuple[int, int], str]) -> torch.Tensor:
+    """Overwrite s_ij (and s_ji = -s_ij) for every judged pair; 'A' means response i is better."""
+    s = s.clone()
+    for (i, j), verdict in verdicts.items():
+        s[i, j] = VERDICT_LOGIT[verdict]
+        s[j, i] = -VERDICT_LOGIT[verdict]
+    return s
+
+
+def pairwise_advantages(s: torch.Tensor, scale: float) -> torch.Tensor:
+    """A_i = scale / (n - 1) * sum_{j != i} s_ij: a leave-one-out baseline on pairwise preferences."""
+    n = s.shape[0]
+    return scale / max(n - 1, 1) * (s.sum(1) - s.diagonal())

@@ -1,0 +1,140 @@
+"""The judge client against the real local service: verdicts, faults, retries, fallback, cache, cost, the key;
+the verdict parser; the routing policies and the pairwise advantage."""
+import logging
+import random
+import time
+
+import pytest
+import torch
+
+from posttrain.judge_client import JudgeCache, JudgeClient
+from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
+from posttrain.judge_server import JudgeService, build_app, verifier_backend
+from posttrain.params import load_params
+from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, pairwise_advantages, route,
+                               route_batch)
+
+RECORDS = [{"id": f"q{i}", "question": f"Compute {i} + 1.", "answer": i + 1, "difficulty": 1} for i in range(8)]
+
+
+def cfg(**overrides):
+    base = load_params("configs/params.smoke.yaml").judge
+    return base.model_copy(update={"max_retries": 2, "backoff_s": 0.01, "max_backoff_s": 1.0, "timeout_s": 2.0,
+                                   "both_orders": False, **overrides})
+
+
+def triples(n=4):
+    """(question, right, wrong) triples: A is always the better response."""
+    return [(r["question"], f" cot\nStep 1: {i} + 1 = {i + 1}\nAnswer: {i + 1}", f" cot\nAnswer: {i + 7}")
+            for i, r in enumerate(RECORDS[:n])]
+
+
+@pytest.fixture
+def service():
+    def start(**kw):
+        svc = JudgeService(build_app(verifier_backend(RECORDS), "verifier-judge", **kw)).start()
+        started.append(svc)
+        return svc
+    started = []
+    yield start
+    for svc in started:
+        svc.stop()
+
+
+def test_happy_path_both_orders_and_cache(service, tmp_path):
+    svc = service()
+    cache = JudgeCache(tmp_path / "cache.sqlite")
+    client = JudgeClient(cfg(both_orders=True), svc.base_url, cache=cache)
+    ts = triples()
+    swapped = [(q, b, a) for q, a, b in ts]
+    assert client.judge(ts + [(ts[0][0], ts[0][1], "Answer: 1")]) == ["A"] * 4 + ["tie"]  # both right
+    assert client.ledger.calls == 10 and client.ledger.tokens_in > 0 and client.ledger.cost > 0
+    # the swapped pairs are the same two prompts per pair: served from the cache
+    assert client.judge(swapped) == ["B"] * 4 and client.ledger.calls == 10 and client.ledger.cache_hits == 8
+    # a re-run (a new client on the same cache file) pays nothing
+    again = JudgeClient(cfg(both_orders=True), svc.base_url, cache=JudgeCache(tmp_path / "cache.sqlite"))
+    assert again.judge(ts) == ["A"] * 4
+    assert again.ledger.calls == 0 and again.ledger.cache_hits == 8
+
+
+@pytest.mark.parametrize("fault,kind", [("http_500", "http_500"), ("malformed_json", "malformed_body"),
+                                        ("truncated_json", "malformed_body"), ("no_verdict", "no_verdict"),
+                                        ("http_429", "rate_limited")])
+def test_every_fault_ends_in_a_counted_fallback_after_the_retries(service, fault, kind):
+    svc = service(faults={fault: 1.0})
+    client = JudgeClient(cfg(), svc.base_url)
+    assert client.judge(triples(2)) == [None, None]
+    assert client.ledger.failures == {kind: 2}
+
+
+def test_timeouts_are_retried_then_fall_back(service):
+    svc = service(faults={"timeout": 1.0}, hang_s=3.0)
+    client = JudgeClient(cfg(timeout_s=0.3, max_retries=1), svc.base_url)
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == [None]
+    assert client.ledger.failures == {"timeout": 1} and time.perf_counter() - start < 3
+
+
+def test_flaky_service_mostly_recovers_and_429_waits_for_retry_after(service):
+    svc = service(faults={"http_500": 0.3, "http_429": 0.3}, seed=1)
+    client = JudgeClient(cfg(max_retries=6, concurrency=2), svc.base_url)
+    start = time.perf_counter()
+    verdicts = client.judge(triples(8))
+    assert verdicts.count("A") >= 7
+    assert time.perf_counter() - start >= 0.2  # at least one Retry-After: 0.2 was honoured
+
+
+def test_unreachable_judge_falls_back_without_hanging():
+    client = JudgeClient(cfg(max_retries=1), "http://127.0.0.1:9/v1")
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"connection": 1}
+
+
+def test_the_api_key_goes_only_into_the_header(service, monkeypatch, caplog, capsys):
+    secret = "sk-test-SECRET-0123456789"
+    monkeypatch.setenv("POSTTRAIN_JUDGE_API_KEY", secret)
+    svc = service()
+    with caplog.at_level(logging.DEBUG):
+        client = JudgeClient(cfg(), svc.base_url)
+        client.judge(triples(1))
+    assert client.http.headers["Authorization"] == f"Bearer {secret}"
+    out = capsys.readouterr()
+    assert secret not in caplog.text + out.out + out.err
+    assert secret not in repr(client.ledger.as_metrics()) and secret not in repr(client.cfg)
+
+
+def test_verdict_parser_and_prompt_round_trip():
+    assert parse_verdict("reasoning...\nVerdict: A") == "A"
+    assert parse_verdict("**Final verdict**: [[B]]") == "B"
+    assert parse_verdict("<think>Verdict: A</think>\nVerdict: tie") == "tie"
+    assert parse_verdict("Both answers are 5.") is None and parse_verdict("") is None
+    assert combine_orders("A", "B") == "A" and combine_orders("A", "A") == "tie" and combine_orders(None, "A") == "B"
+    msgs = judge_messages("Compute 2 + 3.", "Answer: 5\n", "multi\nline", "correctness")
+    assert read_messages(msgs) == ("Compute 2 + 3.", "Answer: 5", "multi\nline")
+
+
+def test_budget_routing_is_exact_and_random_matches_the_count():
+    u = torch.rand(6, 6)
+    u = (u + u.T) / 2
+    for budget in (0.0, 0.05, 0.1, 0.2, 0.4, 1.0):
+        k = budget_count(15, budget)
+        top = route(u, "uncertainty_budget", budget=budget)
+        assert len(top) == k and len(route(u, "random", budget=budget, rng=random.Random(3))) == k
+        if k:  # the chosen pairs are the k most uncertain
+            chosen_min = min(float(u[p]) for p in top)
+            others = [float(u[i, j]) for i in range(6) for j in range(i + 1, 6) if (i, j) not in top]
+            assert all(chosen_min >= x for x in others)
+    assert route(u, "rm_only") == [] and len(route(u, "judge_only")) == 15
+    assert all(u[p] > 0.5 for p in route(u, "uncertainty", threshold=0.5))
+    flat = torch.rand(200)
+    assert len(route_batch(flat, "uncertainty_budget", 0, 0.1, random.Random(0))) == 20
+    assert len(route_batch(flat, "random", 0, 0.1, random.Random(0))) == 20
+
+
+def test_verdicts_map_to_antisymmetric_logits_and_advantages_by_hand():
+    r = torch.tensor([[0.0, 1.0, 0.5], [0.2, 0.0, -1.0], [0.1, 0.4, 0.0]])
+    s, u = antisymmetrize(r, torch.ones(3, 3))
+    assert torch.allclose(s, -s.T) and s[0, 1] == pytest.approx(0.4)
+    s = apply_verdicts(s, {(0, 2): "B", (1, 2): "tie"})
+    assert s[0, 2] == -2 and s[2, 0] == 2 and s[1, 2] == 0 and s[2, 1] == 0
+    # by hand: s = [[0, .4, -2], [-.4, 0, 0], [2, 0, 0]] -> A = scale/2 * row sums
+    assert pairwise_advantages(s, scale=2.0).tolist() == pytest.approx([-1.6, -0.4, 2.0])
