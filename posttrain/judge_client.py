@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -25,6 +26,9 @@ import httpx
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
+
+
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the stage's output
 
 
 class JudgeCallError(Exception):

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 
 import uvicorn
 from fastapi import Body, FastAPI
@@ -184,3 +185,15 @@ class JudgeService:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextmanager
+def judge_endpoint(cfg, records: list[dict], seed: int = 0):
+    """The judge's base URL: ``cfg.base_url`` if set, else a local service started for the duration."""
+    if cfg.base_url:
+        yield cfg.base_url
+        return
+    judge = verifier_backend(records) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
+    with JudgeService(build_app(judge, cfg.model, cfg.latency_s, cfg.faults, seed)) as svc:
+        print(f"judge: local {cfg.backend} service on {svc.base_url}")
+        yield svc.base_url

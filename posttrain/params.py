@@ -199,6 +199,31 @@ class JudgeParams(_Section):
                                                  "malformed_json, truncated_json, no_verdict)")
 
 
+class RlhfParams(_Section):
+    """Uncertainty-routed online RLHF (the `rlhf_routed` stage), on TRL's GRPOTrainer."""
+
+    routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
+        description="which pairs the judge decides")
+    threshold: float = Field(ge=1, description="uncertainty: route pairs with u = sqrt(1 + lambda var) above this")
+    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each prompt's pairs judged")
+    uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
+    advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
+    n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
+    prompts_per_step: int = Field(ge=1, description="prompts per optimizer step")
+    max_steps: int = Field(ge=1, description="optimizer steps")
+    learning_rate: float = Field(gt=0, description="policy learning rate")
+    kl_beta: float = Field(ge=0, description="KL penalty to the reference (SFT) policy")
+    clip_epsilon: float = Field(gt=0, description="PPO-style ratio clip")
+    temperature: float = Field(gt=0, description="sampling temperature of the policy")
+    max_new_tokens: int = Field(ge=1, description="response length cap")
+    pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
+    dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
+    n_dev: int = Field(ge=1, description="dev questions for that accuracy")
+    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
+    eval_budgets: list[float] = Field(min_length=1, description="routing evaluation: judge budgets on the benchmark")
+    eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
+
+
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
@@ -230,6 +255,7 @@ class Params(_Section):
     train_rm: RewardModelParams
     policy_opt: PolicyOptParams
     judge: JudgeParams
+    rlhf: RlhfParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 

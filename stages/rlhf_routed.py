@@ -1,0 +1,142 @@
+"""Stage `rlhf_routed`: uncertainty-routed online RLHF from the SFT policy (METHODS.md section 3).
+
+1. Judge: ``judge.base_url`` (a vLLM server, a hosted model) or, by default, the local judge service started
+   here on a free loopback port (the verifier backend stands in for a strong reasoning judge).
+2. Routing evaluation on the preference benchmark: the PM's calibrated uncertainty decides which pairs the
+   judge sees; accuracy against the judge-call fraction for uncertainty vs random routing (``rlhf.eval_seeds``
+   seeds) at ``rlhf.eval_budgets`` -> reports/routing/routing_curve.png, reports/routing/routing.json.
+3. Policy optimisation: TRL's GRPOTrainer with ``RoutedPairwiseReward`` (pairwise PM + routed judge verdicts,
+   A_i = scale/(n-1) sum_j s_ij), clipped updates, KL to the SFT policy; checkpoints every
+   ``rlhf.save_steps`` (a killed run resumes); dev accuracy every ``rlhf.dev_every`` steps.
+4. Test accuracy of the SFT and the RLHF policy (own choice, per difficulty) and the judge's cost ->
+   reports/metrics/rlhf_routed.json; models/rlhf.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlflow
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
+
+from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.errors import stage_main
+from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
+from posttrain.generation import HFGenerator
+from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
+from posttrain.judge_server import judge_endpoint
+from posttrain.modeling import load_pretrained
+from posttrain.params import load_params
+from posttrain.preference_model import PreferenceModel
+from posttrain.rlhf import DevAccuracyCallback, RoutedPairwiseReward
+from posttrain.routing_eval import plot_curve, routing_curve, summarize_curve
+from posttrain.sandbox import sandbox_limits
+from posttrain.sft import checkpoint_dir
+from posttrain.tracking import stage_run
+from posttrain.trajectories import prompt
+from posttrain.uncertainty import calibrated_logit
+
+DATA = Path("data/prepared")
+POLICY, PM_DIR, OUT = "models/sft", "models/rm", "models/rlhf"
+BENCH, SCORES = Path("data/preference_benchmark/pairs.jsonl"), Path("reports/rm/benchmark_scores.jsonl")
+REPORTS, METRICS = Path("reports/routing"), Path("reports/metrics/rlhf_routed.json")
+CHECKPOINTS = Path("checkpoints/rlhf_routed")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def evaluate_routing(client: JudgeClient, lam: float, budgets: list[float], n_seeds: int) -> tuple[list, dict]:
+    bench, scores = read_jsonl(BENCH), read_jsonl(SCORES)
+    decisive = [(p, s) for p, s in zip(bench, scores, strict=True) if p["label"] != "tie"]
+    g = torch.tensor([s["g"] for _, s in decisive])
+    _, u = calibrated_logit(g, torch.tensor([s["var"] for _, s in decisive]), lam)
+    verdicts = client.judge([(p["question"], p["a"], p["b"]) for p, _ in decisive])
+    rows = routing_curve([p["label"] for p, _ in decisive], g, u, verdicts, budgets, list(range(n_seeds)))
+    return rows, {"n_pairs": len(decisive), **summarize_curve(rows)}
+
+
+def test_accuracy(model_dir: str, records: list[dict], max_new_tokens: int, params) -> dict:
+    tokenizer, model = load_pretrained(model_dir)
+    completions = HFGenerator(model, tokenizer, 64, max_new_tokens).generate(
+        [prompt(r["question"]) for r in records], desc=f"test {Path(model_dir).name}")
+    rows = score_responses(records, [OWN_CHOICE] * len(records), [c.text for c in completions],
+                           sandbox_limits(params.sandbox), params.sandbox.workers)
+    return summarize(rows, [c.n_tokens for c in completions])
+
+
+def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
+    return GRPOConfig(
+        output_dir=str(out), max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.n_responses, num_generations=cfg.n_responses,
+        learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,
+        temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, scale_rewards="none",
+        logging_steps=1, save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed,
+        report_to=["mlflow"], use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0)
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    cfg = params.rlhf
+    with stage_run("rlhf_routed", params, sections=["seed", "judge", "rlhf"]):
+        train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
+        with judge_endpoint(params.judge, train + dev + test, params.seed) as base_url:
+            cache = JudgeCache(params.judge.cache)
+            # 1. routing evaluation on the benchmark
+            pm = PreferenceModel.from_pretrained(PM_DIR)
+            eval_client = JudgeClient(params.judge, base_url, cache)
+            rows, summary = evaluate_routing(eval_client, pm.lam, cfg.eval_budgets, cfg.eval_seeds)
+            with atomic_dir(REPORTS) as tmp:
+                plot_curve(rows, tmp / "routing_curve.png",
+                           f"Routing on the preference benchmark ({summary['n_pairs']} decisive pairs)")
+                (tmp / "routing.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+            mlflow.log_artifacts(str(REPORTS), "routing")
+            ten = summary["budgets"].get("0.1", {})
+            print(f"rlhf_routed: routing PM only {summary['rm_only']:.3f}, judge on all {summary['judge_only']:.3f}, "
+                  f"at 10%: uncertainty {ten.get('uncertainty', float('nan')):.3f} vs random "
+                  f"{ten.get('random_mean', float('nan')):.3f}")
+
+            # 2. GRPO with the routed pairwise reward
+            ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
+            reward = RoutedPairwiseReward(pm, JudgeClient(params.judge, base_url, cache, ledger), cfg, params.seed)
+            tokenizer = AutoTokenizer.from_pretrained(POLICY)
+            dev_cb = DevAccuracyCallback(dev[:cfg.n_dev], tokenizer, cfg.dev_every, cfg.max_new_tokens,
+                                         sandbox_limits(params.sandbox), params.sandbox.workers)
+            dataset = Dataset.from_list([{"prompt": prompt(r["question"]), "question": r["question"]} for r in train])
+            ckpt = checkpoint_dir(CHECKPOINTS, cfg, params.seed, [Path(POLICY), Path(PM_DIR), DATA / "train.jsonl"])
+            resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+            if resume:
+                print(f"rlhf_routed: resuming from {resume}")
+                mlflow.set_tag("rlhf_routed.resumed_from", resume)
+            trainer = GRPOTrainer(model=POLICY, reward_funcs=reward, args=grpo_config(cfg, ckpt, params.seed),
+                                  train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb])
+            trainer.train(resume_from_checkpoint=resume)
+            with atomic_dir(OUT) as tmp:
+                trainer.save_model(str(tmp))
+                tokenizer.save_pretrained(tmp)
+            shutil.rmtree(ckpt, ignore_errors=True)
+
+        # 3. test accuracy before and after, and what the judge cost
+        before = test_accuracy(POLICY, test, cfg.max_new_tokens, params)
+        after = test_accuracy(OUT, test, cfg.max_new_tokens, params)
+        metrics = {"routing": summary, "sft_test": before, "rlhf_test": after,
+                   "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
+                   "judge_failures": reward.totals["judge_failures"], "dev_accuracy": dev_cb.history,
+                   **{k.replace("judge.", "judge_"): v for k, v in ledger.as_metrics().items()}}
+        atomic_write_json(METRICS, metrics)
+        mlflow.log_metrics({"sft_test_accuracy": before["accuracy"], "rlhf_test_accuracy": after["accuracy"],
+                            **ledger.as_metrics("judge_total.")})
+        print(f"rlhf_routed: test accuracy {before['accuracy']:.3f} (sft) -> {after['accuracy']:.3f} (rlhf, "
+              f"{cfg.routing}); judge {ledger.calls} calls, ${ledger.cost:.4f}, "
+              f"routed {metrics['routed_fraction']:.3f} of pairs")
+
+
+if __name__ == "__main__":
+    main()
