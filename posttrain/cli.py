@@ -5,6 +5,7 @@ Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
     posttrain run [STAGE ...]      run the pipeline through Prefect (DVC skips unchanged stages)
     posttrain check-params [FILE]  validate params.yaml (or FILE) and print every problem
     posttrain ui mlflow|prefect    open the MLflow or Prefect UI on this repository's stores
+    posttrain judge serve          serve the local judge (OpenAI chat-completions protocol) until Ctrl-C
 """
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ import sys
 
 from posttrain.orchestration import apply_prefect_settings
 from posttrain.params import ParamsError, load_params
+
+
+
+def serve_judge(port: int) -> int:
+    """The judge of params.yaml (backend, latency, faults) over the records in data/prepared, on loopback."""
+    import json
+    import time
+    from pathlib import Path
+
+    from posttrain.judge_server import JudgeService, build_app, hf_backend, verifier_backend
+
+    cfg = load_params().judge
+    records = [json.loads(line) for split in ("train", "dev", "test")
+               for line in Path(f"data/prepared/{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+    judge = verifier_backend(records) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
+    with JudgeService(build_app(judge, cfg.model, cfg.latency_s, cfg.faults), port=port) as svc:
+        print(f"judge ({cfg.backend} backend, model name {cfg.model!r}) on {svc.base_url}; Ctrl-C stops it")
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n\n")[0])
@@ -25,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ui = sub.add_parser("ui", help="start a UI on loopback")
     ui.add_argument("which", choices=["mlflow", "prefect"])
     ui.add_argument("--port", type=int, default=None)
+    judge = sub.add_parser("judge", help="the local judge service")
+    judge.add_argument("action", choices=["serve"])
+    judge.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
 
     if args.command == "check-params":
@@ -49,13 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         for model, summary in result["metrics"].items():
             print(f"{model}: test accuracy {summary['accuracy']:.3f}")
         return 0
+    if args.command == "judge":
+        return serve_judge(args.port)
     if args.which == "mlflow":
         params = load_params()
         port = str(args.port or 5000)
-        cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1", "--port", port]
+        cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1",
+               "--port", port]
     else:
         apply_prefect_settings()
-        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(args.port or 4200)]
+        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+               "--port", str(args.port or 4200)]
     print(" ".join(cmd))
     return subprocess.call(cmd)
 

@@ -20,7 +20,8 @@ from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
-          "evaluate"]
+          "rlhf_routed", "evaluate"]
+SECRET = "sk-posttrain-e2e-0123456789abcdef"  # the judge API key set for the smoke runs: it must leave no trace
 pytestmark = pytest.mark.e2e
 
 
@@ -29,6 +30,7 @@ def _env(tmp: Path) -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env.update(prefect_settings(tmp))
     env.pop("POSTTRAIN_PARENT_RUN_ID", None)
+    env["POSTTRAIN_JUDGE_API_KEY"] = SECRET
     return env
 
 
@@ -108,6 +110,31 @@ def test_preference_stages_write_pairs_models_and_figures(repro):
     assert g.shape == var.shape == (1,)
     assert AutoModel.from_pretrained(repo / "models/rm").config.hidden_size == pm.backbone.config.hidden_size
     assert AutoModelForSequenceClassification.from_pretrained(repo / "models/rm_pointwise").config.num_labels == 1
+
+
+def test_rlhf_routed_writes_the_routing_curve_and_a_policy(repro):
+    repo, out = repro
+    metrics = json.loads((repo / "reports/metrics/rlhf_routed.json").read_text())
+    routing = metrics["routing"]
+    assert routing["judge_only"] >= routing["rm_only"] and set(routing["budgets"]) == {
+        "0.0", "0.05", "0.1", "0.2", "0.4", "1.0"}
+    assert routing["budgets"]["1.0"]["uncertainty"] == routing["judge_only"]
+    assert (repo / "reports/routing/routing_curve.png").stat().st_size > 1000
+    assert metrics["judge_calls"] > 0 and metrics["judge_cost"] > 0 and 0 < metrics["routed_fraction"] <= 1
+    assert (repo / "models/rlhf/config.json").is_file() and "rlhf_routed: test accuracy" in out
+    assert "dev_accuracy" in mlflow_runs_by_stage(repo)["rlhf_routed"].data.metrics
+
+
+def test_the_judge_key_leaves_no_trace(repro):
+    repo, out = repro
+    assert SECRET not in out
+    for path in repo.rglob("*"):
+        if path.is_file() and ".git" not in path.parts and path.stat().st_size < 200_000_000:
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def mlflow_runs_by_stage(repo: Path) -> dict:
+    return {r.data.tags["posttrain.stage"]: r for r in mlflow_runs(repo)}
 
 
 def test_one_mlflow_run_per_stage_with_lineage(repro):
