@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from posttrain.workspace import clone_workspace
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
           "rlhf_routed", "evaluate"]
-SECRET = "sk-posttrain-e2e-0123456789abcdef"  # the judge API key set for the smoke runs: it must leave no trace
+SECRET = f"sk-posttrain-{secrets.token_hex(12)}"  # the judge API key of the smoke runs: it must leave no trace
 pytestmark = pytest.mark.e2e
 
 
