@@ -138,3 +138,47 @@ def test_verdicts_map_to_antisymmetric_logits_and_advantages_by_hand():
     assert s[0, 2] == -2 and s[2, 0] == 2 and s[1, 2] == 0 and s[2, 1] == 0
     # by hand: s = [[0, .4, -2], [-.4, 0, 0], [2, 0, 0]] -> A = scale/2 * row sums
     assert pairwise_advantages(s, scale=2.0).tolist() == pytest.approx([-1.6, -0.4, 2.0])
+
+
+class StubPM:
+    """Scores (q, A, B) as len(A) - len(B); uncertainty grows with how close the lengths are."""
+
+    lam = 10.0
+
+    def score(self, triples, batch_size=64):
+        g = torch.tensor([float(len(a) - len(b)) for _, a, b in triples])
+        return g, 1.0 / (1.0 + g.abs())
+
+
+class StubJudge:
+    def __init__(self, fail_every=0):
+        from posttrain.judge_client import CostLedger
+        self.ledger, self.asked, self.fail_every = CostLedger(0.001, 0.002), [], fail_every
+
+    def judge(self, triples):
+        self.asked += triples
+        out = ["A" if a.endswith("right") else "B" for _, a, b in triples]
+        return [None if self.fail_every and k % self.fail_every == 0 else v for k, v in enumerate(out)]
+
+
+def test_routed_reward_honours_the_budget_and_falls_back_on_judge_failures():
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "uncertainty_budget",
+                                                                           "budget": 0.5})
+    responses = ["aa right", "a", "aaaa", "aaa right"]  # 6 pairs per prompt -> 3 judged
+    judge = StubJudge()
+    reward = RoutedPairwiseReward(StubPM(), judge, cfg, seed=0)
+    metrics = {}
+    rewards = reward(prompts=["p1"] * 4 + ["p2"] * 4, completions=responses * 2, question=["q1"] * 4 + ["q2"] * 4,
+                     log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert len(judge.asked) == 6 and metrics["routing/routed_fraction"] == 0.5
+    assert sum(rewards[:4]) == pytest.approx(0, abs=1e-5) and rewards[:4] == pytest.approx(rewards[4:])
+    # the three most uncertain pairs have the closest lengths (8, 1, 4, 9): |8-9|, |1-4|, |8-4|
+    assert {(a, b) for _, a, b in judge.asked[:3]} == {("aa right", "aaa right"), ("a", "aaaa"), ("aa right", "aaaa")}
+    failing = StubJudge(fail_every=1)
+    reward = RoutedPairwiseReward(StubPM(), failing, cfg, seed=0)
+    assert reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4) == pytest.approx(
+        RoutedPairwiseReward(StubPM(), StubJudge(), cfg.model_copy(update={"routing": "rm_only"}), 0)(
+            prompts=["p"] * 4, completions=responses, question=["q"] * 4))
+    assert reward.totals["judge_failures"] == 3
