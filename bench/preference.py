@@ -17,7 +17,7 @@ from pathlib import Path
 import mlflow
 
 from posttrain.params import load_params
-from posttrain.tracking import configure
+from posttrain.tracking import bench_run
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import train_preference_model
 from stages.train_rm import BENCHMARK, PAIRS, SFT, benchmark_report, read_jsonl
@@ -75,10 +75,7 @@ def run() -> None:
 
 
 def main() -> None:
-    """Everything the bench trains logs into one MLflow run of the project's experiment."""
-    experiment_id = configure(load_params())
-    tags = {"posttrain.bench": "bench/preference"}
-    with mlflow.start_run(experiment_id=experiment_id, run_name="bench/preference", tags=tags):
+    with bench_run("bench/preference", load_params()):
         run()
 
 

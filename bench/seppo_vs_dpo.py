@@ -17,7 +17,7 @@ from posttrain.evaluation import OWN_CHOICE
 import mlflow
 
 from posttrain.params import load_params
-from posttrain.tracking import configure
+from posttrain.tracking import bench_run
 from posttrain.seppo import train_policy
 from stages.evaluate import evaluate_model
 
@@ -60,10 +60,7 @@ def run() -> None:
 
 
 def main() -> None:
-    """Everything the bench trains logs into one MLflow run of the project's experiment."""
-    experiment_id = configure(load_params())
-    tags = {"posttrain.bench": "bench/seppo_vs_dpo"}
-    with mlflow.start_run(experiment_id=experiment_id, run_name="bench/seppo_vs_dpo", tags=tags):
+    with bench_run("bench/seppo_vs_dpo", load_params()):
         run()
 
 

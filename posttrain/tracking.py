@@ -95,3 +95,11 @@ def stage_run(stage: str, params: Params, sections: list[str]):
         mlflow.log_params({k: str(v)[:6000] for k, v in logged.items()})
         yield run
         mlflow.set_tags(dvc_hashes(stage, "out"))
+
+
+@contextlib.contextmanager
+def bench_run(name: str, params: Params):
+    """One MLflow run (tagged ``posttrain.bench``) holding everything a bench script trains and measures."""
+    experiment_id = configure(params)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags={"posttrain.bench": name}) as run:
+        yield run
