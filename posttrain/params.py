@@ -41,8 +41,8 @@ class TaskParams(_Section):
     max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
     max_operand: int = Field(ge=2, description="synthetic: largest add/sub operand (start values go up to max_value / 2)")
     max_value: int = Field(ge=10, description="synthetic: no intermediate value of a chain exceeds this")
-    kind_weights: dict[Literal["chain", "bignum", "distractor"], float] = Field(
-        description="synthetic: mixture of question kinds (chain, bignum, distractor), weights >= 0")
+    kind_weights: dict[Literal["chain", "bignum", "distractor", "repeat"], float] = Field(
+        description="synthetic: mixture of question kinds (chain, bignum, distractor, repeat), weights >= 0")
 
     @field_validator("kind_weights")
     @classmethod

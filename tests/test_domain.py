@@ -4,6 +4,7 @@ import random
 import pytest
 
 from posttrain.evaluation import score_responses
+from posttrain.sandbox import SandboxLimits
 from posttrain.task.arithmetic import Problem, Step, generate_problems, sample_problem
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, prompt, split_choice
@@ -63,18 +64,21 @@ def test_open_prompt_round_trip():
 def test_every_reference_response_is_scored_correct():
     """Reference responses of all 12 trajectories, pot programs run in the sandbox, are all correct."""
     problems = generate_problems(24, seed=5, difficulties=range(1, 7), max_operand=20, max_value=200,
-                                 kind_weights={"chain": 1, "bignum": 1, "distractor": 1})
-    assert {p.kind for p in problems} == {"chain", "bignum", "distractor"}
+                                 kind_weights={"chain": 1, "bignum": 1, "distractor": 1, "repeat": 1})
+    assert {p.kind for p in problems} == {"chain", "bignum", "distractor", "repeat"}
     records = [{"id": str(i), "answer": p.answer, "difficulty": p.difficulty} for i, p in enumerate(problems)]
     recs, fmts, texts = [], [], []
     for rec, p in zip(records, problems):
         for t in TRAJECTORIES:
+            if p.kind == "repeat" and t.solution == "pot" and t.analysis != "rewrite":
+                continue  # the loop: see test_repeat_kind
             recs.append(rec)
             fmts.append(t.name)
             texts.append(render_response(p, t))
         recs.append(rec)
         fmts.append("own_choice")
-        texts.append(" decompose+pot\n" + render_response(p, BY_NAME["decompose+pot"]))
+        own = "rewrite+pot" if p.kind == "repeat" else "decompose+pot"
+        texts.append(f" {own}\n" + render_response(p, BY_NAME[own]))
     rows = score_responses(recs, fmts, texts)
     wrong = [(r["format"], r["reason"]) for r in rows if not r["correct"]]
     assert not wrong
@@ -103,3 +107,26 @@ def test_question_kinds():
         rewrite = render_response(p, BY_NAME["rewrite+cot"]).splitlines()[0]
         assert rewrite == f"Rewrite: Compute {p.expression()}." and not any(t in rewrite for _, t in p.distractors)
         assert Problem.from_fields({**p.to_fields()}) == p
+
+
+def test_repeat_kind():
+    """A net-zero block repeated n times: text and a rewrite solve it at once, a brute-force loop only when n is small."""
+    problems = generate_problems(200, seed=3, difficulties=range(1, 7), max_operand=12, max_value=60,
+                                 kind_weights={"repeat": 1})
+    assert all(p.form == "words" and sum(1 for s in p.steps if s.repeat) == 1 for p in problems)
+    assert all(p.answer == p.without_repeats().answer and len(p.steps) == p.difficulty for p in problems)
+    assert all(Problem.from_fields(p.to_fields()) == p for p in problems)
+    small = next(p for p in problems if max(s.repeat for s in p.steps) <= 1000 and p.difficulty == 3)
+    huge = next(p for p in problems if max(s.repeat for s in p.steps) >= 10**8 and p.difficulty == 3)
+    for p in (small, huge):
+        block = next(s for s in p.steps if s.repeat)
+        assert f"{block.repeat} times" in p.question
+        rewrite = render_response(p, BY_NAME["rewrite+pot"])
+        assert rewrite.splitlines()[0] == f"Rewrite: Compute {p.expression()}." and "for _ in" not in rewrite
+        assert "for _ in range" in render_response(p, BY_NAME["pot"])
+    recs = [{"id": p.question, "answer": p.answer, "difficulty": 3} for p in (small, huge) for _ in range(4)]
+    fmts = ["pot", "cot+verify", "rewrite+pot", "decompose+cot"] * 2
+    texts = [render_response(p, BY_NAME[f]) for p in (small, huge) for f in fmts[:4]]
+    rows = score_responses(recs, fmts, texts, SandboxLimits(cpu_seconds=1, wall_seconds=3.0))
+    assert [r["correct"] for r in rows] == [True] * 4 + [False, True, True, True]
+    assert rows[4]["predicted"] is None and rows[4]["reason"]  # the huge loop: no answer, with a reason

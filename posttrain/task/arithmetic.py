@@ -11,6 +11,11 @@ Three kinds of question make the choice of reasoning trajectory matter (DOTS, ME
   fails for a small model, while a program (``pot``) only has to copy the numbers.
 - ``distractor``: a ``chain`` in words with irrelevant sentences holding numbers between the steps;
   restating the question as a clean expression first (``rewrite``) removes them.
+- ``repeat``: a ``chain`` in words where one step is a net-zero block repeated ``n`` times ("Add 4, then
+  subtract 4, and repeat this 1000000000 times."). A program that runs the loop (``pot``'s brute force)
+  passes the sandbox's CPU limit when ``n`` is huge and gives no answer, while text that notes the block
+  cancels (``cot``) or a restatement that drops it (``rewrite``: the clean expression) solves it at once;
+  for a small ``n`` the loop is instant. The planner must read the size of ``n`` to choose.
 
 Example:
     >>> import random
@@ -28,8 +33,8 @@ from posttrain.task.records import DataError
 
 Op = Literal["add", "sub", "mul", "div"]
 Form = Literal["words", "expression"]
-Kind = Literal["chain", "bignum", "distractor"]
-KINDS: tuple[str, ...] = ("chain", "bignum", "distractor")
+Kind = Literal["chain", "bignum", "distractor", "repeat"]
+KINDS: tuple[str, ...] = ("chain", "bignum", "distractor", "repeat")
 
 # bignum ranges: start 10..99, add/sub 100..999, multiply by 11..29; no division
 BIG_START, BIG_ADD, BIG_MUL = (10, 99), (100, 999), (11, 29)
@@ -42,6 +47,16 @@ _DISTRACTORS = (
 SYMBOL: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 # Inverse operation, used by the verification action to walk back to the start value.
 INVERSE: dict[str, str] = {"add": "sub", "sub": "add", "mul": "div", "div": "mul"}
+
+# repeat: counts a loop runs through in milliseconds, and counts no sandbox CPU limit lets it finish
+REPEAT_SMALL = (2, 3, 5, 10, 20, 50, 100, 1000, 10000, 100000)
+REPEAT_HUGE = (10**8, 10**9, 10**10, 10**12, 10**15)
+_REPEAT_WORDS: dict[str, tuple[str, ...]] = {
+    "add": ("Add {k}, then subtract {k}, and repeat this {n} times.",
+            "Do this {n} times: increase it by {k} and decrease it by {k}."),
+    "mul": ("Multiply by {k}, then divide by {k}, and repeat this {n} times.",
+            "Do this {n} times: make it {k} times as large and split it into {k} equal parts."),
+}
 
 # Several phrasings per operation so that "rewrite" (restating the question) carries information.
 _WORDS: dict[str, tuple[str, ...]] = {
@@ -67,8 +82,14 @@ def apply_op(op: str, x: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class Step:
+    """One operation; with ``repeat`` > 0 it is the net-zero block "``op`` then its inverse", ``repeat`` times."""
+
     op: Op
     operand: int
+    repeat: int = 0
+
+    def apply(self, x: int) -> int:
+        return x if self.repeat else apply_op(self.op, x, self.operand)
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,7 @@ class Problem:
         """Running values: the start, then the value after each step."""
         out = [self.start]
         for s in self.steps:
-            out.append(apply_op(s.op, out[-1], s.operand))
+            out.append(s.apply(out[-1]))
         return out
 
     @property
@@ -98,22 +119,31 @@ class Problem:
         return self.values()[-1]
 
     def expression(self) -> str:
-        """The chain as one fully parenthesised expression, e.g. ``((7 + 5) * 3) - 4``."""
-        text = str(self.start)
-        for i, s in enumerate(self.steps):
-            left = f"({text})" if i > 0 else text
-            text = f"{left} {SYMBOL[s.op]} {s.operand}"
+        """The chain as one fully parenthesised expression, e.g. ``((7 + 5) * 3) - 4`` (net-zero repeated
+        blocks leave no trace: this is the clean form a ``rewrite`` restates)."""
+        text, n = str(self.start), 0
+        for s in self.steps:
+            if s.repeat:
+                continue
+            text = f"{f'({text})' if n else text} {SYMBOL[s.op]} {s.operand}"
+            n += 1
         return text
 
     def words(self, with_distractors: bool = True) -> str:
         inserted = dict(self.distractors) if with_distractors else {}
         parts = [f"Start with {self.start}."]
         for i, s in enumerate(self.steps):
-            template = _WORDS[s.op][self.phrasing[i] if i < len(self.phrasing) else 0]
-            parts.append(template.format(k=s.operand))
+            templates = _REPEAT_WORDS[s.op] if s.repeat else _WORDS[s.op]
+            parts.append(templates[self.phrasing[i] if i < len(self.phrasing) else 0].format(k=s.operand, n=s.repeat))
             if i in inserted:
                 parts.append(inserted[i])
         return " ".join(parts) + " What is the result?"
+
+    def without_repeats(self) -> "Problem":
+        """The same problem with its net-zero repeated blocks dropped (same answer)."""
+        keep = [i for i, s in enumerate(self.steps) if not s.repeat]
+        return Problem(self.start, tuple(self.steps[i] for i in keep), self.form,
+                       tuple(self.phrasing[i] for i in keep if i < len(self.phrasing)), self.kind, self.distractors)
 
     @property
     def question(self) -> str:
@@ -124,7 +154,7 @@ class Problem:
         return {
             "form": self.form,
             "start": self.start,
-            "steps": [[s.op, s.operand] for s in self.steps],
+            "steps": [[s.op, s.operand, s.repeat] if s.repeat else [s.op, s.operand] for s in self.steps],
             "phrasing": list(self.phrasing),
             "kind": self.kind,
             "distractors": [list(d) for d in self.distractors],
@@ -134,7 +164,7 @@ class Problem:
     def from_fields(cls, record: dict) -> "Problem":
         return cls(
             start=int(record["start"]),
-            steps=tuple(Step(op, int(k)) for op, k in record["steps"]),
+            steps=tuple(Step(op, int(k), int(rest[0]) if rest else 0) for op, k, *rest in record["steps"]),
             form=record["form"],
             phrasing=tuple(record.get("phrasing") or ()),
             kind=record.get("kind", "chain"),
@@ -163,11 +193,11 @@ def sample_problem(
 ) -> Problem:
     """Draw one problem with ``difficulty`` operations; the operation type is drawn first, uniformly
     among the feasible ones, so multiplication and division are not drowned out by add/sub."""
-    if kind == "distractor":
+    if kind in ("distractor", "repeat"):
         form = "words"
     start = rng.randint(*BIG_START) if kind == "bignum" else rng.randint(1, max(max_operand, max_value // 2))
     x, steps = start, []
-    for _ in range(difficulty):
+    for _ in range(difficulty - 1 if kind == "repeat" else difficulty):
         feasible = _big_steps(x, rng) if kind == "bignum" else _feasible_steps(x, max_operand, max_value)
         by_op: dict[str, list[Step]] = {}
         for s in feasible:
@@ -176,7 +206,15 @@ def sample_problem(
         step = rng.choice(by_op[op])
         steps.append(step)
         x = apply_op(step.op, x, step.operand)
-    phrasing = tuple(rng.randrange(len(_WORDS[s.op])) for s in steps) if form == "words" else ()
+    if kind == "repeat":
+        # a net-zero block goes in at a random place (the values around it are unchanged); half the time
+        # with a count no loop finishes within the sandbox's CPU limit
+        op = rng.choice(("add", "mul"))
+        counts = REPEAT_HUGE if rng.random() < 0.5 else REPEAT_SMALL
+        steps.insert(rng.randint(0, len(steps)),
+                     Step(op, rng.randint(2, max_operand) if op == "add" else rng.randint(2, 9), rng.choice(counts)))
+    phrasing = tuple(rng.randrange(len(_REPEAT_WORDS[s.op] if s.repeat else _WORDS[s.op])) for s in steps) \
+        if form == "words" else ()
     distractors: tuple[tuple[int, str], ...] = ()
     if kind == "distractor":
         places = sorted(rng.sample(range(difficulty), k=max(1, difficulty // 2)))
