@@ -1,5 +1,5 @@
 """The pairwise preference model (PM): one sequence holds the prompt and two responses; a head on the
-pooled last-token state gives s(x, A, B), the logit of "A is better", with an uncertainty (sngp by default).
+states at the ends of A and B gives s(x, A, B), the logit of "A is better", with an uncertainty (sngp by default).
 
 Trained with the Bradley-Terry cross-entropy on every pair in both orders (label flipped), through
 transformers' Trainer (checkpoints, resume, MLflow logging). Saved as a Hugging Face backbone directory
@@ -43,10 +43,14 @@ def pair_segments(question: str, a: str, b: str) -> list[str]:
 class PreferenceModel(nn.Module):
     """Backbone (a causal LM's transformer) + an uncertainty head.
 
-    The head reads h(end of A) - h(end of B): the hidden states at the last token of each response. (The
-    last token of the whole sequence, the usual choice, sits on a fixed closing line whose state barely
-    varies in a small model; trained from it, the PM stayed at chance. The response ends carry the answer
-    each response gave, in the context of its own steps and of the other response.)
+    The head reads [h(end of A), h(end of B)]: the hidden states at the last token of each response,
+    concatenated. (The last token of the whole sequence, the usual choice, sits on a fixed closing line
+    whose state barely varies in a small model; trained from it, the PM stayed at chance. The response ends
+    carry the answer each response gave, in the context of its own steps and of the other response.)
+    Concatenated, not subtracted: the SNGP variance is a distance to the training pairs, and the difference
+    h_A - h_B maps every pair of look-alike responses (the hard pairs) to the origin, the centre of the
+    order-symmetric training set, where the variance is lowest; in the concatenated space those pairs lie on
+    the diagonal h_A = h_B, away from the decisive training pairs, where the variance is high.
     """
 
     def __init__(self, backbone, tokenizer, estimator: str, head_cfg, max_response_tokens: int, lam: float):
@@ -55,7 +59,7 @@ class PreferenceModel(nn.Module):
         self.estimator, self.max_response_tokens, self.lam = estimator, max_response_tokens, lam
         self.head_cfg = {k: getattr(head_cfg, k) for k in
                          ("random_features", "feature_scale", "ridge", "dropout", "mc_samples", "ensemble_size")}
-        self.head = build_head(estimator, backbone.config.hidden_size, head_cfg)
+        self.head = build_head(estimator, 2 * backbone.config.hidden_size, head_cfg)
 
     @classmethod
     def from_backbone(cls, path: str, cfg) -> "PreferenceModel":
@@ -89,7 +93,7 @@ class PreferenceModel(nn.Module):
     def pooled(self, input_ids, attention_mask, end_a, end_b) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         rows = torch.arange(len(hidden), device=hidden.device)
-        return hidden[rows, end_a] - hidden[rows, end_b]
+        return torch.cat([hidden[rows, end_a], hidden[rows, end_b]], dim=-1)
 
     def forward(self, input_ids, attention_mask, end_a, end_b, labels=None):
         logits = self.head.train_logits(self.pooled(input_ids, attention_mask, end_a, end_b))  # (batch, members)
@@ -108,7 +112,7 @@ class PreferenceModel(nn.Module):
         self.eval()
         chunks = [self.pooled(**self.encode(triples[i:i + batch_size]))
                   for i in tqdm(range(0, len(triples), batch_size), desc=desc, unit="batch")]
-        return torch.cat(chunks) if chunks else torch.empty(0, self.backbone.config.hidden_size)
+        return torch.cat(chunks) if chunks else torch.empty(0, 2 * self.backbone.config.hidden_size)
 
     @torch.no_grad()
     def fit_posterior(self, triples: list[tuple[str, str, str]], batch_size: int = 64) -> None:

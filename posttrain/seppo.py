@@ -31,6 +31,8 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 
+from posttrain.modeling import device_args
+
 
 def reference_checkpoints(initial: str, snapshots: Path) -> list[str]:
     """SePPO's reference models, oldest first: the model SFT started from (step 0), then its snapshots."""
@@ -137,7 +139,7 @@ def train_policy(init_model: str, samples: list[dict], cfg, out: str, seed: int)
                      per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
                      learning_rate=cfg.learning_rate, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio,
                      weight_decay=cfg.weight_decay, max_length=cfg.max_length, logging_steps=cfg.logging_steps,
-                     save_strategy="no", seed=seed, data_seed=seed, report_to=[], use_cpu=not torch.cuda.is_available())
+                     save_strategy="no", seed=seed, data_seed=seed, report_to=[], **device_args())
     trainer_cls = SePPOTrainer if cfg.loss == "seppo" else PerRowReferenceDPOTrainer
     tokenizer = AutoTokenizer.from_pretrained(init_model)
     trainer = trainer_cls(model=init_model, args=args, train_dataset=pairs_dataset(samples), processing_class=tokenizer)

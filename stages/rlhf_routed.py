@@ -30,7 +30,7 @@ from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
 from posttrain.judge_server import judge_endpoint
-from posttrain.modeling import load_pretrained
+from posttrain.modeling import device_args, load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_model import PreferenceModel
 from posttrain.rlhf import DevAccuracyCallback, RoutedPairwiseReward
@@ -78,7 +78,7 @@ def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, scale_rewards="none",
         logging_steps=1, save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed,
-        report_to=["mlflow"], use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0)
+        report_to=["mlflow"], **device_args(), dataloader_num_workers=0)
 
 
 @stage_main

@@ -8,7 +8,7 @@ from datasets import Dataset
 from trl import DPOConfig
 
 from posttrain.calibration import accuracy_by_decile, expected_calibration_error, spearman
-from posttrain.modeling import build_llama, train_tokenizer
+from posttrain.modeling import build_llama, device_args, train_tokenizer
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, training_pairs
 from posttrain.preference_model import PreferenceModel
 from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, seppo_loss
@@ -154,7 +154,7 @@ def test_seppo_trainer_starts_at_log2_and_learns(tiny, tmp_path):
     data = Dataset.from_list([{**r, "ref_chosen_logps": a, "ref_rejected_logps": b}
                               for r, a, b in zip(rows, ref_w, ref_r)])
     args = DPOConfig(str(tmp_path), precompute_ref_log_probs=True, beta=0.5, max_steps=12, learning_rate=5e-3,
-                     per_device_train_batch_size=8, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+                     per_device_train_batch_size=8, logging_steps=1, report_to=[], save_strategy="no", **device_args())
     trainer = SePPOTrainer(model=tiny.path, args=args, train_dataset=data, processing_class=tok)
     trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
