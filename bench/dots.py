@@ -29,6 +29,33 @@ def accuracy_table(metrics: dict) -> list[tuple[str, dict]]:
     return rows
 
 
+def question_group(rec: dict) -> str:
+    """The kind of a test question; ``repeat`` split by whether a loop over its count can finish."""
+    if rec.get("kind") != "repeat":
+        return rec.get("kind", "chain")
+    return "repeat, huge n" if max(s[2] for s in rec["steps"] if len(s) > 2) >= 10**8 else "repeat, small n"
+
+
+def kind_table(responses: list[dict], records: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """{system: {group: accuracy}}: static trajectories of the warm-up model, DOTS and vanilla, per question kind."""
+    cells: dict[str, dict[str, list[bool]]] = {}
+    for r in responses:
+        system = f"static {r['format']}" if r["model"] == "warmup" else r["model"]
+        cells.setdefault(system, {}).setdefault(question_group(records[r["id"]]), []).append(r["correct"])
+    return {system: {g: sum(v) / len(v) for g, v in sorted(groups.items())} for system, groups in cells.items()}
+
+
+def print_kind_table(table: dict[str, dict[str, float]]) -> None:
+    groups = sorted({g for row in table.values() for g in row})
+    print("\ntest accuracy by question kind (best static per kind marked *)")
+    print(f"{'':28}" + "".join(f"{g:>17}" for g in groups))
+    static = {s: row for s, row in table.items() if s.startswith("static") and s != "static own_choice"}
+    best = {g: max(static, key=lambda s: static[s].get(g, 0)) for g in groups}
+    for system, row in table.items():
+        print(f"{system:28}" + "".join(f"{row.get(g, 0):16.2f}{'*' if best[g] == system else ' '}" for g in groups))
+    print("best static per kind: " + ", ".join(f"{g}: {best[g][7:]}" for g in groups))
+
+
 def sandbox_throughput(n: int = 200, workers: int = 2) -> float:
     """Reference pot programs run per second through the sandbox."""
     problems = generate_problems(n, seed=0, difficulties=range(1, 7), max_operand=12, max_value=60)
@@ -53,6 +80,10 @@ def main() -> None:
     for label, s in sorted(rows, key=lambda r: -r[1]["accuracy"]):
         mark = "  <- best static" if label == best_static[0] else ""
         print(f"{label:28}" + "".join(f"{s['by_difficulty'].get(d, 0):7.2f}" for d in diffs) + f"{s['accuracy']:7.2f}{mark}")
+    responses = Path("reports/evaluate/responses.jsonl")
+    if responses.exists():
+        records = {r["id"]: r for r in map(json.loads, Path("data/prepared/test.jsonl").read_text().splitlines())}
+        print_kind_table(kind_table([json.loads(line) for line in responses.read_text().splitlines()], records))
     print("\nmean actions per question by difficulty")
     for name in ("dots_internal", "dots_external"):
         if name in metrics:

@@ -224,6 +224,27 @@ class RlhfParams(_Section):
     eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
 
 
+class RlvrParams(_Section):
+    """RLVR with the task verifier as reward (the `rlvr_ar3po` stage): AR3PO, or GRPO / DAPO as baselines."""
+
+    algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
+    n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
+    stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
+    k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
+    buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
+    max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
+    prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step")
+    max_steps: int = Field(ge=1, description="optimizer steps")
+    learning_rate: float = Field(gt=0, description="policy learning rate")
+    kl_beta: float = Field(ge=0, description="KL penalty to the reference (SFT) policy")
+    clip_epsilon: float = Field(gt=0, description="PPO-style ratio clip")
+    temperature: float = Field(gt=0, description="sampling temperature of the policy")
+    max_new_tokens: int = Field(ge=1, description="response length cap")
+    dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
+    n_dev: int = Field(ge=1, description="dev questions for that accuracy")
+    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
+
+
 class EvaluateParams(_Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
@@ -256,6 +277,7 @@ class Params(_Section):
     policy_opt: PolicyOptParams
     judge: JudgeParams
     rlhf: RlhfParams
+    rlvr: RlvrParams
     evaluate: EvaluateParams
     tracking: TrackingParams
 

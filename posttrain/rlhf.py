@@ -19,15 +19,24 @@ Example:
 from __future__ import annotations
 
 import random
+import shutil
 from collections import defaultdict
+from pathlib import Path
 
 import mlflow
 import torch
-from transformers import TrainerCallback
+from datasets import Dataset
+from transformers import AutoTokenizer, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
 
-from posttrain.evaluation import OWN_CHOICE, score_responses
+from posttrain.atomic import atomic_dir
+from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator
+from posttrain.modeling import device_args, load_pretrained
 from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route, upper_pairs
+from posttrain.sandbox import sandbox_limits
+from posttrain.sft import checkpoint_dir
 from posttrain.trajectories import prompt as open_prompt
 from posttrain.uncertainty import calibrated_logit
 
@@ -84,8 +93,9 @@ class RoutedPairwiseReward:
 class DevAccuracyCallback(TrainerCallback):
     """Greedy own-choice accuracy of the policy on dev questions every ``every`` steps, into MLflow."""
 
-    def __init__(self, records: list[dict], tokenizer, every: int, max_new_tokens: int, sandbox_limits, workers: int):
-        self.records, self.tokenizer, self.every = records, tokenizer, every
+    def __init__(self, records: list[dict], tokenizer, every: int, max_new_tokens: int, sandbox_limits, workers: int,
+                 label: str = "rlhf_routed"):
+        self.records, self.tokenizer, self.every, self.label = records, tokenizer, every, label
         self.max_new_tokens, self.limits, self.workers = max_new_tokens, sandbox_limits, workers
         self.history: list[tuple[int, float]] = []
 
@@ -103,4 +113,55 @@ class DevAccuracyCallback(TrainerCallback):
             self.history.append((state.global_step, acc))
             if mlflow.active_run() is not None:
                 mlflow.log_metric("dev_accuracy", acc, step=state.global_step)
-            print(f"rlhf_routed: step {state.global_step} dev accuracy {acc:.3f}")
+            print(f"{self.label}: step {state.global_step} dev accuracy {acc:.3f}")
+
+
+def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
+    """TRL's GRPO from ``rlhf`` params: n responses per prompt, clipped updates, KL to the reference, and
+    ``scale_rewards="none"`` so the advantage is exactly the routed pairwise A_i."""
+    return GRPOConfig(
+        output_dir=str(out), max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.n_responses, num_generations=cfg.n_responses,
+        learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,
+        temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, scale_rewards="none",
+        logging_steps=1, save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed,
+        report_to=["mlflow"], **device_args(), dataloader_num_workers=0)
+
+
+def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[dict], dev: list[dict], params,
+                        out: str, checkpoint_root: Path, key_files: list[Path], seed: int | None = None,
+                        ) -> DevAccuracyCallback:
+    """GRPO from ``policy`` with ``reward`` on the ``train`` questions; the result is saved to ``out``.
+
+    Checkpoints every ``rlhf.save_steps`` under ``checkpoint_root/<hash of params, policy, key_files>``, so a
+    killed run resumes. Returns the dev-accuracy callback (its ``history`` holds (step, accuracy)).
+    """
+    cfg, seed = params.rlhf, params.seed if seed is None else seed
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    dev_cb = DevAccuracyCallback(dev[:cfg.n_dev], tokenizer, cfg.dev_every, cfg.max_new_tokens,
+                                 sandbox_limits(params.sandbox), params.sandbox.workers)
+    dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
+    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
+    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    if resume:
+        print(f"rlhf_routed: resuming from {resume}")
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("rlhf_routed.resumed_from", resume)
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb])
+    trainer.train(resume_from_checkpoint=resume)
+    with atomic_dir(out) as tmp:
+        trainer.save_model(str(tmp))
+        tokenizer.save_pretrained(tmp)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return dev_cb
+
+
+def own_choice_accuracy(model_dir: str, records: list[dict], max_new_tokens: int, sandbox) -> dict:
+    """Greedy test accuracy of a policy that chooses its own trajectory (``summarize`` of the scored rows)."""
+    tokenizer, model = load_pretrained(model_dir)
+    completions = HFGenerator(model, tokenizer, 64, max_new_tokens).generate(
+        [open_prompt(r["question"]) for r in records], desc=f"test {Path(model_dir).name}")
+    rows = score_responses(records, [OWN_CHOICE] * len(records), [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    return summarize(rows, [c.n_tokens for c in completions])

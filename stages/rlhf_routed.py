@@ -14,31 +14,20 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlflow
 import torch
-from datasets import Dataset
-from transformers import AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.errors import stage_main
-from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
-from posttrain.generation import HFGenerator
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
 from posttrain.judge_server import judge_endpoint
-from posttrain.modeling import device_args, load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_model import PreferenceModel
-from posttrain.rlhf import DevAccuracyCallback, RoutedPairwiseReward
+from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy
 from posttrain.routing_eval import plot_curve, routing_curve, summarize_curve
-from posttrain.sandbox import sandbox_limits
-from posttrain.sft import checkpoint_dir
 from posttrain.tracking import stage_run
-from posttrain.trajectories import prompt
 from posttrain.uncertainty import calibrated_logit
 
 DATA = Path("data/prepared")
@@ -60,25 +49,6 @@ def evaluate_routing(client: JudgeClient, lam: float, budgets: list[float], n_se
     verdicts = client.judge([(p["question"], p["a"], p["b"]) for p, _ in decisive])
     rows = routing_curve([p["label"] for p, _ in decisive], g, u, verdicts, budgets, list(range(n_seeds)))
     return rows, {"n_pairs": len(decisive), **summarize_curve(rows)}
-
-
-def test_accuracy(model_dir: str, records: list[dict], max_new_tokens: int, params) -> dict:
-    tokenizer, model = load_pretrained(model_dir)
-    completions = HFGenerator(model, tokenizer, 64, max_new_tokens).generate(
-        [prompt(r["question"]) for r in records], desc=f"test {Path(model_dir).name}")
-    rows = score_responses(records, [OWN_CHOICE] * len(records), [c.text for c in completions],
-                           sandbox_limits(params.sandbox), params.sandbox.workers)
-    return summarize(rows, [c.n_tokens for c in completions])
-
-
-def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
-    return GRPOConfig(
-        output_dir=str(out), max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.n_responses, num_generations=cfg.n_responses,
-        learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,
-        temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, scale_rewards="none",
-        logging_steps=1, save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed,
-        report_to=["mlflow"], **device_args(), dataloader_num_workers=0)
 
 
 @stage_main
@@ -106,26 +76,12 @@ def main() -> None:
             # 2. GRPO with the routed pairwise reward
             ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
             reward = RoutedPairwiseReward(pm, JudgeClient(params.judge, base_url, cache, ledger), cfg, params.seed)
-            tokenizer = AutoTokenizer.from_pretrained(POLICY)
-            dev_cb = DevAccuracyCallback(dev[:cfg.n_dev], tokenizer, cfg.dev_every, cfg.max_new_tokens,
-                                         sandbox_limits(params.sandbox), params.sandbox.workers)
-            dataset = Dataset.from_list([{"prompt": prompt(r["question"]), "question": r["question"]} for r in train])
-            ckpt = checkpoint_dir(CHECKPOINTS, cfg, params.seed, [Path(POLICY), Path(PM_DIR), DATA / "train.jsonl"])
-            resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
-            if resume:
-                print(f"rlhf_routed: resuming from {resume}")
-                mlflow.set_tag("rlhf_routed.resumed_from", resume)
-            trainer = GRPOTrainer(model=POLICY, reward_funcs=reward, args=grpo_config(cfg, ckpt, params.seed),
-                                  train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb])
-            trainer.train(resume_from_checkpoint=resume)
-            with atomic_dir(OUT) as tmp:
-                trainer.save_model(str(tmp))
-                tokenizer.save_pretrained(tmp)
-            shutil.rmtree(ckpt, ignore_errors=True)
+            dev_cb = train_routed_policy(POLICY, reward, train, dev, params, OUT, CHECKPOINTS,
+                                         key_files=[Path(PM_DIR), DATA / "train.jsonl"])
 
         # 3. test accuracy before and after, and what the judge cost
-        before = test_accuracy(POLICY, test, cfg.max_new_tokens, params)
-        after = test_accuracy(OUT, test, cfg.max_new_tokens, params)
+        before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
+        after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         metrics = {"routing": summary, "sft_test": before, "rlhf_test": after,
                    "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
                    "judge_failures": reward.totals["judge_failures"], "dev_accuracy": dev_cb.history,

@@ -1,0 +1,88 @@
+"""Routed RLHF downstream: the same SFT policy, PM and judge, trained by `rlhf_routed`'s GRPO with each routing
+policy (uncertainty_budget at `rlhf.budget`, random at the same budget, rm_only, judge_only) and several seeds;
+test accuracy of each resulting policy and what its judge cost.
+
+    python3 bench/rlhf_downstream.py [--seeds 3] [--routings uncertainty_budget random rm_only judge_only]
+
+Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
+its own. Prints a table, writes reports/bench/rlhf_downstream.json and logs to MLflow; nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+
+from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
+from posttrain.judge_server import judge_endpoint
+from posttrain.params import load_params
+from posttrain.preference_model import PreferenceModel
+from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy
+from posttrain.tracking import bench_run
+from stages.rlhf_routed import DATA, PM_DIR, POLICY, read_jsonl
+
+OUT = Path("reports/bench/rlhf_downstream.json")
+ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")
+
+
+def one_run(params, routing: str, seed: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
+    """Train with one routing policy and seed; test accuracy and judge cost."""
+    cfg = params.rlhf.model_copy(update={"routing": routing})
+    run_params = params.model_copy(update={"rlhf": cfg})
+    ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
+    client = JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)
+    reward = RoutedPairwiseReward(pm, client, cfg, seed)
+    start = time.perf_counter()
+    dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params, str(workdir / "policy"),
+                                 workdir / "checkpoints", key_files=[Path(PM_DIR)], seed=seed)
+    test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
+    return {"routing": routing, "seed": seed, "test_accuracy": test["accuracy"],
+            "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
+            "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
+            "judge_calls": ledger.calls, "judge_cost": ledger.cost, "judge_failures": reward.totals["judge_failures"],
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def run() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3, help="training seeds per routing policy")
+    ap.add_argument("--routings", nargs="+", default=list(ROUTINGS), choices=ROUTINGS)
+    args = ap.parse_args()
+    params = load_params()
+    splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    pm = PreferenceModel.from_pretrained(PM_DIR)
+    results = []
+    with bench_run("rlhf_downstream", params), judge_endpoint(params.judge, sum(splits.values(), []), params.seed) as url:
+        sft = own_choice_accuracy(POLICY, splits["test"], params.rlhf.max_new_tokens, params.sandbox)
+        mlflow.log_metric("sft_test_accuracy", sft["accuracy"])
+        for routing in args.routings:
+            for seed in range(args.seeds):
+                with tempfile.TemporaryDirectory(prefix="rlhf_bench_") as tmp, \
+                        mlflow.start_run(run_name=f"{routing} seed {seed}", nested=True,
+                                         tags={"posttrain.bench.variant": routing, "seed": str(seed)}):
+                    r = one_run(params, routing, seed, url, pm, splits, Path(tmp))
+                    mlflow.log_metrics({"test_accuracy": r["test_accuracy"], "judge_calls": r["judge_calls"],
+                                        "judge_cost": r["judge_cost"], "routed_fraction": r["routed_fraction"]})
+                results.append(r)
+                print(f"{routing} seed {seed}: test accuracy {r['test_accuracy']:.3f}, judge {r['judge_calls']} calls "
+                      f"${r['judge_cost']:.4f}, routed {r['routed_fraction']:.3f} ({r['seconds']} s)")
+                OUT.parent.mkdir(parents=True, exist_ok=True)
+                OUT.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))  # partial results survive a crash
+        mlflow.log_artifact(str(OUT))
+    print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
+    print(f"{'routing':20}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
+    for routing in args.routings:
+        rs = [r for r in results if r["routing"] == routing]
+        accs = [r["test_accuracy"] for r in rs]
+        print(f"{routing:20}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
+              f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
+              f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,140 @@
+"""RLVR rollout cost: ar3po vs grpo vs dapo from the same SFT policy with the same seeds; test accuracy against
+cumulative generated responses and tokens, zero-advantage share, generation throughput and its share of step time;
+and the RLVR policy vs the SFT policy per difficulty over seeds.
+
+    python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--steps N] [--eval-every N]
+
+Run after `dvc repro` (needs models/sft). Test accuracy is measured every --eval-every steps on the test split.
+Writes reports/rlvr/accuracy_vs_rollouts.png, reports/rlvr/rlvr_bench.json (partial results survive a crash) and
+logs to MLflow; prints a table. Nothing here is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+
+from posttrain.params import load_params  # noqa: E402
+from posttrain.rlhf import own_choice_accuracy  # noqa: E402
+from posttrain.tracking import bench_run  # noqa: E402
+from stages.rlvr_ar3po import DATA, POLICY, read_jsonl, train_rlvr  # noqa: E402
+
+OUT = Path("reports/rlvr")
+
+
+def reach(curve: list[dict], target: float, key: str) -> float | None:
+    """The cumulative ``key`` (responses or tokens) at which test accuracy first reaches ``target``."""
+    return next((c[key] for c in curve if c["test_accuracy"] >= target), None)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    colors = {"ar3po": "tab:green", "grpo": "tab:blue", "dapo": "tab:orange"}
+    for r in runs:
+        c = r["curve"]
+        kw = dict(color=colors[r["algo"]], marker="o", alpha=0.85, label=f"{r['algo']} seed {r['seed']}")
+        axes[0].plot([p["responses"] for p in c], [p["test_accuracy"] for p in c], **kw)
+        axes[1].plot([p["tokens"] for p in c], [p["test_accuracy"] for p in c], **kw)
+        steps = r["steps"]
+        axes[2].plot([p["step"] for p in steps], [p["zero_advantage_share"] for p in steps], **kw)
+    axes[0].set(xlabel="cumulative generated responses", ylabel="test accuracy (own choice, greedy)")
+    axes[1].set(xlabel="cumulative generated tokens", ylabel="test accuracy")
+    axes[2].set(xlabel="step", ylabel="share of prompts with zero advantage (that step)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("RLVR from the SFT policy: accuracy against rollout cost")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, test) -> dict:
+    cfg = params.rlvr.model_copy(update={"algo": algo, "max_steps": steps, "dev_every": eval_every,
+                                         "n_dev": len(test)})
+    run_params = params.model_copy(update={"rlvr": cfg})
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rlvr_bench_") as tmp:
+        trainer, dev_cb = train_rlvr(run_params, train, test, f"{tmp}/policy", Path(tmp) / "ckpt", seed=seed)
+        final = own_choice_accuracy(f"{tmp}/policy", test, cfg.max_new_tokens, params.sandbox)
+    totals = dict(trainer.totals)
+    cost = {c["step"]: c for c in trainer.curve}
+    # the dev callback ran on the test split here: accuracy at each eval step with the cost so far
+    curve = [{"step": 0, "test_accuracy": None, "responses": 0, "tokens": 0, "zero_advantage_share": 0.0}]
+    curve += [{"step": s, "test_accuracy": a, **{k: cost[s][k] for k in ("responses", "tokens", "zero_advantage_share")}}
+              for s, a in dev_cb.history if s in cost]
+    gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
+    steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
+    return {"algo": algo, "seed": seed, "curve": curve, "steps": steps, "final_test": final, "totals": totals,
+            "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
+            "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
+            "generation_tokens_per_s": totals["tokens"] / max(gen_s, 1e-9),
+            "generation_share": gen_s / max(gen_s + train_s, 1e-9), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def run() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--algos", nargs="+", default=["ar3po", "grpo", "dapo"], choices=["ar3po", "grpo", "dapo"])
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: rlvr.max_steps)")
+    ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
+    args = ap.parse_args()
+    params = load_params()
+    steps = args.steps or params.rlvr.max_steps
+    train, test = read_jsonl(DATA / "train.jsonl"), read_jsonl(DATA / "test.jsonl")
+    runs = []
+    with bench_run("rlvr", params):
+        sft = own_choice_accuracy(POLICY, test, params.rlvr.max_new_tokens, params.sandbox)
+        for seed in range(args.seeds):
+            for algo in args.algos:
+                with mlflow.start_run(run_name=f"{algo} seed {seed}", nested=True,
+                                      tags={"posttrain.bench.variant": algo, "seed": str(seed)}):
+                    r = one_run(params, algo, seed, steps, args.eval_every, train, test)
+                    r["curve"][0]["test_accuracy"] = sft["accuracy"]
+                    mlflow.log_metrics({"test_accuracy": r["final_test"]["accuracy"],
+                                        "responses": r["totals"]["responses"], "tokens": r["totals"]["tokens"],
+                                        "zero_advantage_share": r["zero_advantage_share"]})
+                runs.append(r)
+                print(f"{algo} seed {seed}: test {sft['accuracy']:.3f} -> {r['final_test']['accuracy']:.3f}, "
+                      f"{r['totals']['responses']} responses ({r['responses_per_prompt']:.2f}/prompt), "
+                      f"{r['totals']['tokens']} tokens, zero-adv share {r['zero_advantage_share']:.2f}, "
+                      f"{r['generation_tokens_per_s']:.0f} gen tokens/s, generation {r['generation_share']:.0%} "
+                      f"of step time ({r['seconds']} s)")
+                OUT.mkdir(parents=True, exist_ok=True)
+                (OUT / "rlvr_bench.json").write_text(json.dumps({"sft_test": sft, "runs": runs}, indent=1))
+        plot(runs, OUT / "accuracy_vs_rollouts.png")
+        mlflow.log_artifacts(str(OUT), "rlvr")
+    print(f"\nSFT policy test accuracy {sft['accuracy']:.3f}; by difficulty {sft['by_difficulty']}")
+    for algo in args.algos:
+        rs = [r for r in runs if r["algo"] == algo]
+        accs = [r["final_test"]["accuracy"] for r in rs]
+        by_d = {d: statistics.mean(r["final_test"]["by_difficulty"][d] for r in rs) for d in rs[0]["final_test"]["by_difficulty"]}
+        print(f"{algo:6} final test {statistics.mean(accs):.3f} ± {statistics.pstdev(accs):.3f} over {len(rs)} seeds; "
+              f"responses {statistics.mean(r['totals']['responses'] for r in rs):.0f}; by difficulty "
+              + " ".join(f"d{d} {a:.2f}" for d, a in by_d.items()))
+    if {"ar3po", "grpo"} <= set(args.algos):
+        for base in ("grpo", "dapo"):
+            if base not in args.algos:
+                continue
+            for r_base in (r for r in runs if r["algo"] == base):
+                target = r_base["final_test"]["accuracy"]
+                mine = next(r for r in runs if r["algo"] == "ar3po" and r["seed"] == r_base["seed"])
+                got = reach(mine["curve"], target, "responses")
+                ratio = r_base["totals"]["responses"] / got if got else None
+                print(f"seed {r_base['seed']}: ar3po reaches {base}'s final accuracy {target:.3f} at "
+                      f"{got} responses vs {base}'s {r_base['totals']['responses']}"
+                      + (f" -> {ratio:.1f}x fewer" if ratio else " (not reached)"))
+
+
+if __name__ == "__main__":
+    run()

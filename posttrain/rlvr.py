@@ -1,0 +1,187 @@
+"""RLVR on TRL's GRPOTrainer with the rollout replaced: GRPO, DAPO-style dynamic sampling, or AR3PO.
+
+``RLVRTrainer`` subclasses ``GRPOTrainer`` and overrides one method, ``_generate_and_score_completions``:
+TRL still generates (its ``_generate``: HF generate, or vLLM on a GPU), computes the clipped policy loss with
+the KL penalty, steps the optimiser, checkpoints and logs; the subclass decides which prompts get how many
+responses (``posttrain.rollout``), scores them with the task verifier (``pot`` programs in the sandbox), and
+computes GRPO's group-normalised advantages over groups of varying size. Reused AR3PO responses enter the
+group's baseline but not the batch, so they receive no gradient (stop-gradient, METHODS.md section 4).
+
+Why an override and not a reward function: TRL's GRPO fixes ``num_generations`` responses per prompt and
+normalises over exactly those; AR3PO's groups vary in size and hold a response that was not generated now,
+and DAPO draws prompts beyond the sampler's batch. None of that is reachable from a reward function.
+
+Rollout cost per step and cumulative (responses, tokens, generation vs training seconds, zero-advantage
+share, responses per prompt by difficulty, buffer hits) goes to TRL's logs, hence MLflow. The replay buffer,
+the prompt sampler's state and the running totals are saved in every checkpoint (``rollout_state.json``).
+
+Example:
+    >>> trainer = RLVRTrainer(model="models/sft", reward_funcs=VerifierReward(records, limits),   # doctest: +SKIP
+    ...                       args=rlvr_config(params.rlvr, "out", seed=0), train_dataset=dataset,
+    ...                       processing_class=tokenizer, rlvr=params.rlvr, seed=0)
+    >>> trainer.train()                                                                          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import pad
+
+from posttrain.evaluation import OWN_CHOICE, score_responses
+from posttrain.modeling import device_args
+from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout, group_advantages
+
+ROLLOUT_STATE = "rollout_state.json"
+
+
+class VerifierReward:
+    """The verifiable reward: 1 when the response's final answer (a ``pot`` program's output) is right, else 0."""
+
+    __name__ = "verifier"
+
+    def __init__(self, records_by_prompt: dict[str, dict], sandbox_limits, workers: int = 2):
+        self.records, self.limits, self.workers = records_by_prompt, sandbox_limits, workers
+
+    def __call__(self, prompts: list[str], completions: list[str], **_) -> list[float]:
+        rows = score_responses([self.records[p] for p in prompts], [OWN_CHOICE] * len(prompts), completions,
+                               self.limits, self.workers)
+        return [float(r["correct"]) for r in rows]
+
+
+def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:
+    """TRL's GRPO settings from the ``rlvr`` params: one optimiser step per rollout, clipped, with KL."""
+    group = cfg.k if cfg.algo == "ar3po" else cfg.n_responses
+    return GRPOConfig(
+        output_dir=str(out), max_steps=cfg.max_steps, num_generations=group,
+        per_device_train_batch_size=cfg.prompts_per_step * group, gradient_accumulation_steps=1,
+        learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon, loss_type="dapo",
+        temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, logging_steps=1,
+        save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed, report_to=["mlflow"],
+        dataloader_num_workers=0, **device_args())
+
+
+class RLVRTrainer(GRPOTrainer):
+    """GRPOTrainer whose rollout is ``rlvr.algo``: grpo | dapo | ar3po (see the module docstring)."""
+
+    def __init__(self, *args, rlvr, seed: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rlvr = rlvr
+        self.verifier: VerifierReward = self.reward_funcs[0]
+        self.buffer = ReplayBuffer(rlvr.buffer_cap, seed)
+        self.prompt_rng = random.Random(seed + 1)  # DAPO's extra prompts
+        self.all_prompts = sorted(set(self.train_dataset["prompt"]))
+        self.totals: Counter = Counter()  # cumulative rollout cost
+        self.curve: list[dict] = []  # per step: cumulative responses and tokens (for accuracy-vs-cost plots)
+        self._generation_seconds = 0.0
+
+    # --- rollout -------------------------------------------------------------------------------------------
+    def _sample(self, prompts: list[str], k: int) -> list[list[Response]]:
+        """k responses per prompt from the current policy (through TRL's generation), scored by the verifier."""
+        repeated = [p for p in prompts for _ in range(k)]  # TRL (and its vLLM path) expects k consecutive copies
+        prompt_ids, completion_ids, _, completions, *_ = self._generate(repeated)
+        rewards = self.verifier(repeated, completions)
+        flat = [Response(p, text, reward, len(c_ids), (p_ids, c_ids))
+                for p, text, reward, p_ids, c_ids in zip(repeated, completions, rewards, prompt_ids, completion_ids)]
+        return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+    def _more_prompts(self):
+        while True:
+            yield self.prompt_rng.choice(self.all_prompts)
+
+    def rollout(self, prompts: list[str]) -> tuple[dict[str, list[Response]], object]:
+        cfg = self.rlvr
+        if cfg.algo == "grpo":
+            return fixed_rollout(prompts, cfg.n_responses, self._sample)
+        if cfg.algo == "dapo":
+            return dynamic_sampling(prompts, cfg.n_responses, self._sample, self._more_prompts(), cfg.max_rounds)
+        return adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample, self.buffer)
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
+        device = self.accelerator.device
+        prompts = list(dict.fromkeys(x["prompt"] for x in inputs))  # the sampler repeats each prompt
+        start = time.perf_counter()
+        groups, stats = self.rollout(prompts)
+        self._generation_seconds = time.perf_counter() - start
+
+        # advantages over each whole group; only generated responses go into the batch (reused: baseline only)
+        rows, zero_adv = [], 0
+        for rs in groups.values():
+            adv = group_advantages([r.reward for r in rs])
+            zero_adv += all(a == 0 for a in adv)
+            rows += [(r, a) for r, a in zip(rs, adv) if not r.reused]
+        prompt_ids = pad([torch.tensor(r.payload[0]) for r, _ in rows], padding_value=self._tokenizer.pad_token_id,
+                         padding_side="left").to(device)
+        prompt_mask = pad([torch.ones(len(r.payload[0]), dtype=torch.long) for r, _ in rows], padding_value=0,
+                          padding_side="left").to(device)
+        completion_ids = pad([torch.tensor(r.payload[1] or [self._tokenizer.eos_token_id]) for r, _ in rows],
+                             padding_value=self._tokenizer.pad_token_id, padding_side="right").to(device)
+        completion_mask = pad([torch.ones(max(len(r.payload[1]), 1), dtype=torch.long) for r, _ in rows],
+                              padding_value=0, padding_side="right").to(device)
+        output = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                  "completion_mask": completion_mask, "num_items_in_batch": completion_mask.sum(),
+                  "advantages": torch.tensor([a for _, a in rows], dtype=torch.float32, device=device)}
+        if self.beta != 0.0:  # KL to the reference policy (the starting model)
+            with torch.no_grad():
+                output["ref_per_token_logps"] = self._get_per_token_logps_and_entropies(
+                    self.ref_model, torch.cat([prompt_ids, completion_ids], 1),
+                    torch.cat([prompt_mask, completion_mask], 1), completion_ids.size(1))[0]
+        self._log_rollout(groups, stats, zero_adv, inputs)
+        return output
+
+    # --- accounting ------------------------------------------------------------------------------------------
+    def _log_rollout(self, groups: dict[str, list[Response]], stats, zero_adv: int, inputs: list[dict]) -> None:
+        difficulty = {x["prompt"]: x.get("difficulty") for x in inputs}
+        self.totals.update({"responses": stats.generated, "tokens": stats.tokens, "buffer_hits": stats.buffer_hits,
+                            "prompts": len(groups), "zero_advantage_prompts": zero_adv})
+        self.totals["generation_seconds"] += self._generation_seconds
+        metrics = {
+            "rollout/responses": stats.generated, "rollout/tokens": stats.tokens, "rollout/rounds": stats.rounds,
+            "rollout/responses_per_prompt": stats.generated / max(len(groups), 1),
+            "rollout/zero_advantage_share": zero_adv / max(len(groups), 1),
+            "rollout/buffer_hits": stats.buffer_hits, "rollout/buffer_size": len(self.buffer),
+            "rollout/generation_seconds": self._generation_seconds,
+            **{f"rollout/total_{k}": v for k, v in self.totals.items()},
+        }
+        by_difficulty = defaultdict(list)
+        for p, n in stats.per_prompt.items():
+            if difficulty.get(p) is not None:
+                by_difficulty[difficulty[p]].append(n)
+        metrics.update({f"rollout/responses_per_prompt_d{d}": sum(v) / len(v) for d, v in sorted(by_difficulty.items())})
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(float(value))
+        self.curve.append({"step": self.state.global_step + 1, "responses": self.totals["responses"],
+                           "tokens": self.totals["tokens"], "zero_advantage_share": zero_adv / max(len(groups), 1)})
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        start = time.perf_counter()
+        out = super().training_step(model, inputs, num_items_in_batch)
+        self.totals["training_seconds"] += time.perf_counter() - start - self._generation_seconds
+        self._metrics["train"]["rollout/total_training_seconds"].append(self.totals["training_seconds"])
+        self._generation_seconds = 0.0
+        return out
+
+    # --- checkpoint and resume -----------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        path = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}" / ROLLOUT_STATE
+        state = self.prompt_rng.getstate()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"buffer": self.buffer.state_dict(), "totals": dict(self.totals),
+                                   "curve": self.curve, "prompt_rng": [state[0], list(state[1]), state[2]]}))
+        os.replace(tmp, path)
+
+    def load_rollout_state(self, checkpoint: str | Path) -> None:
+        """Restore the replay buffer, the prompt sampler and the totals saved with ``checkpoint``."""
+        state = json.loads((Path(checkpoint) / ROLLOUT_STATE).read_text())
+        self.buffer.load_state_dict(state["buffer"])
+        self.totals = Counter(state["totals"])
+        self.curve = state["curve"]
+        rng = state["prompt_rng"]
+        self.prompt_rng.setstate((rng[0], tuple(rng[1]), rng[2]))

@@ -1,0 +1,163 @@
+"""Rollout schedules for RLVR (METHODS.md section 4) and the group-normalised advantage they feed.
+
+Three ways to fill one training step's groups of scored responses, all driven by a ``sample(prompts, k)``
+callback that returns k scored responses per prompt (the policy plus the verifier, or a stub in tests):
+
+- ``fixed_rollout`` (GRPO): n responses for every prompt.
+- ``dynamic_sampling`` (DAPO): n responses per prompt; a group whose rewards are all equal carries no
+  advantage and is discarded, and fresh prompts are sampled until the batch holds ``n_prompts`` useful groups
+  or ``max_rounds`` generation rounds have run.
+- ``adaptive_rollout`` (AR3PO): S stages of k responses for the prompts still without a correct response (a
+  prompt leaves the pool at its first correct one); after S stages a prompt with none takes one earlier correct
+  response from the ``ReplayBuffer`` in place of one incorrect response. The reused response is stop-gradient:
+  it only shapes the group baseline, so the on-policy incorrect responses get a negative advantage.
+
+Example:
+    >>> import random
+    >>> def sample(prompts, k):  # a stub policy: prompt "easy" is always right, "hard" never
+    ...     return [[Response(p, "r", float(p == "easy"), 3) for _ in range(k)] for p in prompts]
+    >>> groups, stats = adaptive_rollout(["easy", "hard"], stages=3, k=2, sample=sample, buffer=ReplayBuffer(2))
+    >>> [len(groups["easy"]), len(groups["hard"])], stats.generated
+    ([2, 6], 8)
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+
+@dataclass
+class Response:
+    """One scored response; ``payload`` carries what the trainer needs (token ids), opaque here."""
+
+    prompt: str
+    text: str
+    reward: float
+    n_tokens: int
+    payload: Any = None
+    reused: bool = False  # drawn from the replay buffer: shapes the baseline, receives no gradient
+
+
+SampleFn = Callable[[list[str], int], list[list[Response]]]
+
+
+@dataclass
+class RolloutStats:
+    """What one step's rollout cost and found."""
+
+    generated: int = 0  # responses generated (reused ones excluded)
+    tokens: int = 0  # tokens generated
+    rounds: int = 0  # generation calls (stages for AR3PO, rounds for DAPO)
+    buffer_hits: int = 0  # prompts that took a response from the replay buffer
+    per_prompt: Counter = field(default_factory=Counter)  # responses generated per prompt
+
+    def add_round(self, groups: list[list[Response]]) -> None:
+        """Count one generation call's responses."""
+        for rs in groups:
+            for r in rs:
+                self.generated += 1
+                self.tokens += r.n_tokens
+                self.per_prompt[r.prompt] += 1
+        self.rounds += 1
+
+
+class ReplayBuffer:
+    """Correct responses per prompt, at most ``cap`` each (the oldest leaves first); drawn uniformly."""
+
+    def __init__(self, cap: int, seed: int = 0):
+        self.cap = cap
+        self.rng = random.Random(seed)
+        self.by_prompt: dict[str, list[Response]] = {}
+
+    def add(self, r: Response) -> None:
+        kept = self.by_prompt.setdefault(r.prompt, [])
+        if any(old.text == r.text for old in kept):
+            return  # the same text twice adds nothing to the baseline
+        kept.append(r)
+        del kept[:-self.cap]
+
+    def draw(self, prompt: str) -> Response | None:
+        kept = self.by_prompt.get(prompt)
+        return self.rng.choice(kept) if kept else None
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_prompt.values()))
+
+    def state_dict(self) -> dict:
+        """JSON-ready state (persisted with every checkpoint)."""
+        state = self.rng.getstate()
+        return {"cap": self.cap, "rng": [state[0], list(state[1]), state[2]],
+                "by_prompt": {p: [asdict(r) for r in rs] for p, rs in self.by_prompt.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cap = state["cap"]
+        self.rng.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
+        self.by_prompt = {p: [Response(**r) for r in rs] for p, rs in state["by_prompt"].items()}
+
+
+def group_advantages(rewards: list[float], eps: float = 1e-4) -> list[float]:
+    """GRPO's (R_i - mean) / (std + eps) over one group (sample std, as TRL); 0 for a group of equal rewards."""
+    if len(rewards) < 2:
+        return [0.0] * len(rewards)
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    return [0.0 if std == 0 else (r - mean) / (std + eps) for r in rewards]
+
+
+def fixed_rollout(prompts: list[str], n: int, sample: SampleFn) -> tuple[dict[str, list[Response]], RolloutStats]:
+    """GRPO: n responses for every prompt."""
+    stats = RolloutStats()
+    out = sample(prompts, n)
+    stats.add_round(out)
+    return dict(zip(prompts, out)), stats
+
+
+def dynamic_sampling(prompts: list[str], n: int, sample: SampleFn, more_prompts: Iterator[str],
+                     max_rounds: int) -> tuple[dict[str, list[Response]], RolloutStats]:
+    """DAPO: keep only groups with differing rewards; draw more prompts until ``len(prompts)`` groups are kept.
+
+    When no round kept a single group, the last round's groups are returned (all advantages 0: a step that
+    only pays the KL term) rather than an empty batch.
+    """
+    stats, kept, wanted = RolloutStats(), {}, len(prompts)
+    candidates, last = list(prompts), {}
+    while candidates and stats.rounds < max_rounds:
+        out = sample(candidates, n)
+        stats.add_round(out)
+        last = dict(zip(candidates, out))
+        kept.update({p: rs for p, rs in last.items() if len({r.reward for r in rs}) > 1})
+        need = wanted - len(kept)
+        candidates = [p for p in (next(more_prompts, None) for _ in range(need)) if p is not None] if need > 0 else []
+    return (dict(list(kept.items())[:wanted]) if kept else last), stats
+
+
+def adaptive_rollout(prompts: list[str], stages: int, k: int, sample: SampleFn,
+                     buffer: ReplayBuffer) -> tuple[dict[str, list[Response]], RolloutStats]:
+    """AR3PO: S stages of k responses for the still-unsolved prompts, then response reuse from ``buffer``."""
+    stats = RolloutStats()
+    groups: dict[str, list[Response]] = {p: [] for p in prompts}
+    active = list(prompts)
+    for _ in range(stages):
+        if not active:
+            break
+        # 1. k responses for every prompt still without a correct one
+        out = sample(active, k)
+        stats.add_round(out)
+        for p, rs in zip(active, out):
+            groups[p] += rs
+        # 2. a prompt with a correct response leaves the pool
+        active = [p for p in active if not any(r.reward > 0 for r in groups[p])]
+    for p, rs in groups.items():
+        correct = [r for r in rs if r.reward > 0]
+        if correct:
+            for r in correct:  # 3. newly found correct responses enter the buffer
+                buffer.add(r)
+            continue
+        # 4. no correct response after S stages: one earlier correct response replaces one incorrect one
+        old = buffer.draw(p)
+        if old is not None:
+            rs[-1] = Response(old.prompt, old.text, old.reward, old.n_tokens, old.payload, reused=True)
+            stats.buffer_hits += 1
+    return groups, stats

@@ -1,0 +1,103 @@
+"""Stage `rlvr_ar3po`: RLVR from the SFT policy with the task verifier as reward (METHODS.md section 4).
+
+``rlvr.algo`` picks the rollout: ``ar3po`` (adaptive rollout in S stages of k + response reuse), ``grpo`` (fixed
+n) or ``dapo`` (dynamic sampling). Training is TRL's GRPOTrainer with the rollout overridden
+(``posttrain.rlvr.RLVRTrainer``): clipped updates with a KL penalty to the SFT policy, checkpoints every
+``rlvr.save_steps`` with the replay buffer and sampler state (a killed run resumes), dev accuracy every
+``rlvr.dev_every`` steps, rollout cost per step in MLflow.
+
+Writes models/rlvr and reports/metrics/rlvr_ar3po.json: test accuracy of the SFT and the RLVR policy (own
+choice, per difficulty), the rollout totals (responses, tokens, generation vs training seconds, buffer hits,
+zero-advantage share) and the dev-accuracy curve against cumulative responses.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlflow
+from datasets import Dataset
+from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+
+from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.errors import stage_main
+from posttrain.params import Params, load_params
+from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
+from posttrain.rlvr import RLVRTrainer, VerifierReward, rlvr_config
+from posttrain.sandbox import sandbox_limits
+from posttrain.sft import checkpoint_dir
+from posttrain.tracking import stage_run
+from posttrain.trajectories import prompt
+
+DATA, POLICY, OUT = Path("data/prepared"), "models/sft", "models/rlvr"
+METRICS, CHECKPOINTS = Path("reports/metrics/rlvr_ar3po.json"), Path("checkpoints/rlvr_ar3po")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out: str, checkpoint_root: Path,
+               seed: int | None = None) -> tuple[RLVRTrainer, DevAccuracyCallback]:
+    """RLVR from the SFT policy on ``train``; accuracy on ``eval_records`` every ``rlvr.dev_every`` steps.
+
+    Resumes from the last checkpoint under ``checkpoint_root/<hash of params, policy, data>``; saves to ``out``.
+    """
+    cfg, seed = params.rlvr, params.seed if seed is None else seed
+    tokenizer = AutoTokenizer.from_pretrained(POLICY)
+    limits = sandbox_limits(params.sandbox)
+    dataset = Dataset.from_list([{"prompt": prompt(r["question"]), "difficulty": r["difficulty"]} for r in train])
+    reward = VerifierReward({prompt(r["question"]): r for r in train}, limits, params.sandbox.workers)
+    dev_cb = DevAccuracyCallback(eval_records, tokenizer, cfg.dev_every, cfg.max_new_tokens, limits,
+                                 params.sandbox.workers, label=f"rlvr {cfg.algo}")
+    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(POLICY), DATA / "train.jsonl"])
+    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[dev_cb], rlvr=cfg, seed=seed)
+    if resume:
+        print(f"rlvr_ar3po: resuming from {resume}")
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("rlvr_ar3po.resumed_from", resume)
+        trainer.load_rollout_state(resume)
+    trainer.train(resume_from_checkpoint=resume)
+    with atomic_dir(out) as tmp:
+        trainer.save_model(str(tmp))
+        tokenizer.save_pretrained(tmp)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return trainer, dev_cb
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    cfg = params.rlvr
+    with stage_run("rlvr_ar3po", params, sections=["seed", "sandbox", "rlvr"]):
+        train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
+        trainer, dev_cb = train_rlvr(params, train, dev[:cfg.n_dev], OUT, CHECKPOINTS)
+        before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
+        after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
+        totals = dict(trainer.totals)
+        cost = {step["step"]: step for step in trainer.curve}
+        metrics = {
+            "algo": cfg.algo, "sft_test": before, "rlvr_test": after, "rollout": totals,
+            "responses_per_prompt": totals.get("responses", 0) / max(totals.get("prompts", 1), 1),
+            "zero_advantage_share": totals.get("zero_advantage_prompts", 0) / max(totals.get("prompts", 1), 1),
+            "generation_share": totals.get("generation_seconds", 0) / max(
+                totals.get("generation_seconds", 0) + totals.get("training_seconds", 0), 1e-9),
+            "dev_curve": [{"step": s, "dev_accuracy": a, **cost.get(s, {})} for s, a in dev_cb.history],
+        }
+        atomic_write_json(METRICS, metrics)
+        mlflow.log_metrics({"sft_test_accuracy": before["accuracy"], "rlvr_test_accuracy": after["accuracy"],
+                            "responses_per_prompt": metrics["responses_per_prompt"],
+                            "zero_advantage_share": metrics["zero_advantage_share"],
+                            **{f"total_{k}": v for k, v in totals.items()}})
+        print(f"rlvr_ar3po ({cfg.algo}): test accuracy {before['accuracy']:.3f} (sft) -> {after['accuracy']:.3f}; "
+              f"{totals.get('responses', 0)} responses ({metrics['responses_per_prompt']:.2f} per prompt), "
+              f"{totals.get('tokens', 0)} tokens, zero-advantage share {metrics['zero_advantage_share']:.2f}, "
+              f"generation {metrics['generation_share']:.0%} of step time")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""RLVRTrainer (TRL GRPOTrainer with the rollout overridden) on a tiny scratch model: the batch holds only the
+generated responses (a reused one shapes the advantages, never the gradient), every algo trains, and the
+replay buffer and totals survive a checkpoint."""
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from datasets import Dataset
+
+from posttrain.modeling import build_llama, train_tokenizer
+from posttrain.params import load_params
+from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
+from posttrain.rollout import Response
+from posttrain.sandbox import SandboxLimits
+from posttrain.task.arithmetic import generate_problems
+from posttrain.task.solutions import render_response
+from posttrain.trajectories import TRAJECTORIES, prompt
+
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "params.smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    problems = generate_problems(12, seed=4, difficulties=range(1, 3), max_operand=12, max_value=60)
+    corpus = [prompt(p.question, t) + render_response(p, t) for p in problems for t in TRAJECTORIES]
+    tok = train_tokenizer(corpus, vocab_size=300)
+    torch.manual_seed(0)
+    model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=384)
+    path = tmp_path_factory.mktemp("tiny_policy")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
+               for i, p in enumerate(problems)]
+    return SimpleNamespace(path=str(path), tok=tok, records=records)
+
+
+def make_trainer(tiny, out, algo: str, **overrides) -> RLVRTrainer:
+    cfg = load_params(SMOKE).rlvr.model_copy(update={"algo": algo, "max_new_tokens": 16, "prompts_per_step": 2,
+                                                     "max_steps": 2, "save_steps": 1, **overrides})
+    dataset = Dataset.from_list([{"prompt": prompt(r["question"]), "difficulty": r["difficulty"]} for r in tiny.records])
+    reward = VerifierReward({prompt(r["question"]): r for r in tiny.records}, SandboxLimits(cpu_seconds=1, wall_seconds=3))
+    args = rlvr_config(cfg, out, seed=0)
+    args.report_to = []
+    return RLVRTrainer(model=tiny.path, reward_funcs=reward, args=args, train_dataset=dataset,
+                       processing_class=tiny.tok, rlvr=cfg, seed=0)
+
+
+def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path, "ar3po", stages=2, k=2)
+    hard, easy = prompt(tiny.records[0]["question"]), prompt(tiny.records[1]["question"])
+    ids = tiny.tok(hard, add_special_tokens=False)["input_ids"]
+    trainer.buffer.add(Response(hard, "old right answer", 1.0, 3, payload=(ids, [5, 6, 7])))
+
+    def sample(prompts, k):  # "hard" is never solved now, "easy" always
+        return [[Response(p, "x", float(p == easy), 2, (tiny.tok(p, add_special_tokens=False)["input_ids"], [8, 9]))
+                 for _ in range(k)] for p in prompts]
+    trainer._sample = sample
+    batch = trainer._generate_and_score_completions([{"prompt": hard, "difficulty": 1}, {"prompt": easy, "difficulty": 2}])
+    # hard: 2 stages x 2 generated, one replaced by the reused response -> 3 in the batch; easy: 2 (left at stage 1)
+    assert batch["completion_ids"].shape[0] == 3 + 2
+    assert not any(row[:3].tolist() == [5, 6, 7] for row in batch["completion_ids"])  # the reused one is absent
+    adv = batch["advantages"].tolist()
+    assert adv[:3] == pytest.approx([-0.5] * 3, rel=1e-3)  # group [1, 0, 0, 0]: (0 - 0.25) / 0.5
+    assert adv[3:] == [0.0, 0.0]  # "easy": all right, no signal
+    assert "ref_per_token_logps" in batch and batch["ref_per_token_logps"].shape == batch["completion_ids"].shape
+    assert trainer.totals["buffer_hits"] == 1 and trainer.totals["responses"] == 4 + 2
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "ar3po"])
+def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, algo):
+    trainer = make_trainer(tiny, tmp_path, algo, n_responses=4, stages=2, k=2, max_rounds=2)
+    # an untrained model never answers right: a stub reward (odd length) gives the groups something to learn
+    trainer.verifier = lambda prompts, completions: [float(len(c) % 2) for c in completions]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.totals["responses"] > 0
+    state = tmp_path / "checkpoint-2" / ROLLOUT_STATE
+    assert state.exists()
+    resumed = make_trainer(tiny, tmp_path / "again", algo)
+    resumed.load_rollout_state(tmp_path / "checkpoint-2")
+    assert resumed.totals == trainer.totals and resumed.curve == trainer.curve
+    assert resumed.buffer.state_dict() == json.loads(json.dumps(trainer.buffer.state_dict()))
+    assert trainer.curve[-1]["responses"] == trainer.totals["responses"]
+    assert trainer.totals["zero_advantage_prompts"] < trainer.totals["prompts"]
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())

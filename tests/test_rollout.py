@@ -1,0 +1,110 @@
+"""RLVR rollout schedules (posttrain.rollout) on stub policies with known success probabilities, and the
+RLVRTrainer batch they produce (reused responses shape the baseline but never enter the batch)."""
+import random
+from collections import Counter
+
+import pytest
+
+from posttrain.rollout import (ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout,
+                               group_advantages)
+
+
+def stub_policy(p_correct: dict[str, float], seed: int = 0):
+    """sample(prompts, k): k responses per prompt, each correct with the prompt's probability; records calls."""
+    rng, calls = random.Random(seed), []
+
+    def sample(prompts, k):
+        calls.append((list(prompts), k))
+        return [[Response(p, f"{p}-{len(calls)}-{i}", float(rng.random() < p_correct[p]), 10) for i in range(k)]
+                for p in prompts]
+    return sample, calls
+
+
+def scheduled_policy(first_correct_call: dict[str, int | None]):
+    """Deterministic stub: prompt p is answered correctly from its n-th generation call on (None: never)."""
+    seen = Counter()
+
+    def sample(prompts, k):
+        out = []
+        for p in prompts:
+            seen[p] += 1
+            ok = first_correct_call[p] is not None and seen[p] >= first_correct_call[p]
+            out.append([Response(p, f"{p}-{seen[p]}-{i}", float(ok and i == 0), 5) for i in range(k)])
+        return out
+    return sample
+
+
+def test_adaptive_rollout_prompts_leave_at_their_first_correct_stage():
+    schedule = {"s1": 1, "s2": 2, "s3": 3, "never": None}
+    groups, stats = adaptive_rollout(list(schedule), stages=3, k=2, sample=scheduled_policy(schedule),
+                                     buffer=ReplayBuffer(cap=2))
+    assert {p: len(rs) for p, rs in groups.items()} == {"s1": 2, "s2": 4, "s3": 6, "never": 6}
+    assert stats.generated == 18 and stats.rounds == 3 and stats.tokens == 18 * 5
+    assert dict(stats.per_prompt) == {"s1": 2, "s2": 4, "s3": 6, "never": 6}
+
+
+def test_adaptive_rollout_mean_responses_match_the_closed_form():
+    """With success probability q per response, E[responses] = k * sum_{s<S} (1-q)^(k s)."""
+    S, k, q, n = 4, 2, 0.3, 4000
+    prompts = [f"p{i}" for i in range(n)]
+    sample, _ = stub_policy({p: q for p in prompts}, seed=1)
+    groups, stats = adaptive_rollout(prompts, stages=S, k=k, sample=sample, buffer=ReplayBuffer(cap=4))
+    expected = k * sum((1 - q) ** (k * s) for s in range(S))
+    assert stats.generated / n == pytest.approx(expected, rel=0.03)
+    assert max(len(rs) for rs in groups.values()) == S * k  # never more than S x k per prompt
+
+
+def test_reuse_inserts_exactly_one_buffered_response_and_makes_the_failures_negative():
+    buffer = ReplayBuffer(cap=2)
+    buffer.add(Response("hard", "an earlier right answer", 1.0, 7, payload="ids"))
+    sample = scheduled_policy({"hard": None, "easy": 1})
+    groups, stats = adaptive_rollout(["hard", "easy"], stages=2, k=3, sample=sample, buffer=buffer)
+    hard = groups["hard"]
+    assert len(hard) == 6 and sum(r.reused for r in hard) == 1 and stats.buffer_hits == 1
+    reused = next(r for r in hard if r.reused)
+    assert reused.text == "an earlier right answer" and reused.reward == 1.0
+    assert stats.generated == 6 + 3  # the reused response was not generated
+    adv = group_advantages([r.reward for r in hard])
+    assert all(a < 0 for a, r in zip(adv, hard) if not r.reused) and adv[hard.index(reused)] > 0
+    # without the buffer the group is all wrong: no signal at all
+    assert group_advantages([0.0] * 6) == [0.0] * 6
+
+
+def test_new_correct_responses_enter_the_buffer_and_the_cap_holds():
+    buffer = ReplayBuffer(cap=2)
+    sample = scheduled_policy({"a": 1})
+    for _ in range(4):
+        adaptive_rollout(["a"], stages=1, k=3, sample=sample, buffer=buffer)
+    assert len(buffer.by_prompt["a"]) == 2  # 4 correct responses found, the 2 newest kept
+    assert [r.text for r in buffer.by_prompt["a"]] == ["a-3-0", "a-4-0"]
+    restored = ReplayBuffer(cap=1)
+    restored.load_state_dict(buffer.state_dict())
+    assert restored.cap == 2 and [r.text for r in restored.by_prompt["a"]] == ["a-3-0", "a-4-0"]
+    assert restored.draw("a").text == buffer.draw("a").text  # the sampler's state travels too
+
+
+def test_dynamic_sampling_fills_the_batch_with_non_degenerate_groups_only():
+    p_correct = {"always": 1.0, "never": 0.0, **{f"mixed{i}": 0.5 for i in range(20)}}
+    sample, calls = stub_policy(p_correct, seed=2)
+    more = iter(["always", "never", *[f"mixed{i}" for i in range(2, 20)]])
+    groups, stats = dynamic_sampling(["always", "never", "mixed0", "mixed1"], n=6, sample=sample, more_prompts=more,
+                                     max_rounds=5)
+    assert len(groups) == 4
+    assert all(len({r.reward for r in rs}) > 1 for rs in groups.values())
+    assert "always" not in groups and "never" not in groups
+    assert stats.rounds == len(calls) <= 5 and stats.generated == 6 * sum(len(c[0]) for c in calls)
+
+
+def test_dynamic_sampling_stops_at_the_round_cap():
+    sample, calls = stub_policy({"never": 0.0})
+    groups, stats = dynamic_sampling(["never"], n=4, sample=sample, more_prompts=iter(["never"] * 10), max_rounds=3)
+    assert stats.rounds == 3 == len(calls)
+    assert list(groups) == ["never"]  # nothing useful found: the last round's group (zero advantage), not an empty batch
+
+
+def test_fixed_rollout_and_group_advantages():
+    sample, _ = stub_policy({"a": 0.5, "b": 0.5}, seed=3)
+    groups, stats = fixed_rollout(["a", "b"], 5, sample)
+    assert [len(rs) for rs in groups.values()] == [5, 5] and stats.generated == 10
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0])  # mean 0.25, sample std 0.5
+    assert adv == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-3)
