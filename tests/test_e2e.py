@@ -21,7 +21,7 @@ from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
-          "rlhf_routed", "evaluate"]
+          "rlhf_routed", "rlvr_ar3po", "evaluate"]
 SECRET = f"sk-posttrain-{secrets.token_hex(12)}"  # the judge API key of the smoke runs: it must leave no trace
 pytestmark = pytest.mark.e2e
 
@@ -126,6 +126,18 @@ def test_rlhf_routed_writes_the_routing_curve_and_a_policy(repro):
     assert "dev_accuracy" in mlflow_runs_by_stage(repo)["rlhf_routed"].data.metrics
 
 
+def test_rlvr_ar3po_writes_a_policy_and_its_rollout_cost(repro):
+    repo, out = repro
+    metrics = json.loads((repo / "reports/metrics/rlvr_ar3po.json").read_text())
+    assert metrics["algo"] == "ar3po" and metrics["rollout"]["responses"] > 0 and metrics["rollout"]["tokens"] > 0
+    assert 2 <= metrics["responses_per_prompt"] <= 8  # k = 2 per stage, S = 4 stages
+    assert 0 <= metrics["zero_advantage_share"] <= 1 and 0 < metrics["generation_share"] < 1
+    assert {"sft_test", "rlvr_test"} <= set(metrics) and metrics["dev_curve"]
+    assert (repo / "models/rlvr/config.json").is_file() and "rlvr_ar3po (ar3po): test accuracy" in out
+    logged = mlflow_runs_by_stage(repo)["rlvr_ar3po"].data.metrics
+    assert {"rollout/total_responses", "rollout/zero_advantage_share", "dev_accuracy"} <= set(logged)
+
+
 def test_the_judge_key_leaves_no_trace(repro):
     repo, out = repro
     assert SECRET not in out
@@ -219,6 +231,19 @@ def test_train_rm_resumes_after_a_kill(repro):
     out = run(cmd, repo)
     assert "train_rm: resuming the preference model from" in out
     assert json.loads((repo / "reports/metrics/train_rm.json").read_text())["n_decisive"] > 0
+
+
+def test_rlvr_ar3po_resumes_after_a_kill(repro):
+    repo, _ = repro
+    set_params(repo, "rlvr", max_steps=4)
+    cmd = ["dvc", "repro", "--single-item", "rlvr_ar3po"]
+    kill_when(cmd, repo, lambda: bool(list((repo / "checkpoints/rlvr_ar3po").glob("*/checkpoint-2/rollout_state.json"))))
+    saved = json.loads(next((repo / "checkpoints/rlvr_ar3po").glob("*/checkpoint-2/rollout_state.json")).read_text())
+    out = run(cmd, repo)
+    assert "rlvr_ar3po: resuming from" in out
+    totals = json.loads((repo / "reports/metrics/rlvr_ar3po.json").read_text())["rollout"]
+    # the resumed run carried the totals on: 4 steps counted, not just the 2 after the resume
+    assert totals["prompts"] == 4 * 2 and totals["responses"] > saved["totals"]["responses"]
 
 
 def test_prefect_flow_runs_the_pipeline(tmp_path):

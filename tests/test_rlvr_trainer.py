@@ -11,7 +11,7 @@ from datasets import Dataset
 
 from posttrain.modeling import build_llama, train_tokenizer
 from posttrain.params import load_params
-from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
+from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, last_complete_checkpoint, rlvr_config
 from posttrain.rollout import Response
 from posttrain.sandbox import SandboxLimits
 from posttrain.task.arithmetic import generate_problems
@@ -85,3 +85,12 @@ def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, alg
     assert trainer.curve[-1]["responses"] == trainer.totals["responses"]
     assert trainer.totals["zero_advantage_prompts"] < trainer.totals["prompts"]
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_resume_skips_a_checkpoint_killed_before_its_rollout_state(tmp_path):
+    for step, complete in ((1, True), (2, True), (3, False)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if complete:
+            (tmp_path / f"checkpoint-{step}" / ROLLOUT_STATE).write_text("{}")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")
+    assert last_complete_checkpoint(tmp_path / "missing") is None
