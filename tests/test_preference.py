@@ -8,15 +8,15 @@ from datasets import Dataset
 from trl import DPOConfig
 
 from posttrain.calibration import accuracy_by_decile, expected_calibration_error, spearman
-from posttrain.modeling import build_llama, device_args, train_tokenizer
+from posttrain.modeling import device_args
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, training_pairs
 from posttrain.preference_model import PreferenceModel
 from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, seppo_loss
-from posttrain.task.arithmetic import generate_problems
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
-from posttrain.trajectories import BY_NAME, TRAJECTORIES, prompt
+from posttrain.trajectories import BY_NAME, prompt
 from posttrain.uncertainty import EnsembleHead, MCDropoutHead, RandomFeatureGPHead, calibrated_logit
+from tiny_model import tiny_scratch_model
 
 HEAD_CFG = SimpleNamespace(random_features=128, feature_scale=1.0, ridge=1e-3, dropout=0.1, mc_samples=4,
                            ensemble_size=3, estimator="sngp", max_response_tokens=64, uncertainty_lambda=10.0)
@@ -25,15 +25,7 @@ HEAD_CFG = SimpleNamespace(random_features=128, feature_scale=1.0, ridge=1e-3, d
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny scratch Llama + tokenizer saved to disk, and the problems it was built on."""
-    problems = generate_problems(20, seed=3, difficulties=range(1, 3), max_operand=12, max_value=60)
-    corpus = [prompt(p.question, t) + render_response(p, t) for p in problems for t in TRAJECTORIES]
-    tok = train_tokenizer(corpus, vocab_size=300)
-    torch.manual_seed(0)
-    model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=384)
-    path = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return SimpleNamespace(path=str(path), tok=tok, model=model, problems=problems)
+    return tiny_scratch_model(tmp_path_factory.mktemp("tiny"), n_problems=20, seed=3)
 
 
 # --- SNGP head ------------------------------------------------------------------------------------------------

@@ -3,37 +3,27 @@ generated responses (a reused one shapes the advantages, never the gradient), ev
 replay buffer and totals survive a checkpoint."""
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
 
-from posttrain.modeling import build_llama, train_tokenizer
 from posttrain.params import load_params
 from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, last_complete_checkpoint, rlvr_config
 from posttrain.rollout import Response
 from posttrain.sandbox import SandboxLimits
-from posttrain.task.arithmetic import generate_problems
-from posttrain.task.solutions import render_response
-from posttrain.trajectories import TRAJECTORIES, prompt
+from posttrain.trajectories import prompt
+from tiny_model import tiny_scratch_model
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "params.smoke.yaml"
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    problems = generate_problems(12, seed=4, difficulties=range(1, 3), max_operand=12, max_value=60)
-    corpus = [prompt(p.question, t) + render_response(p, t) for p in problems for t in TRAJECTORIES]
-    tok = train_tokenizer(corpus, vocab_size=300)
-    torch.manual_seed(0)
-    model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=384)
-    path = tmp_path_factory.mktemp("tiny_policy")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
-               for i, p in enumerate(problems)]
-    return SimpleNamespace(path=str(path), tok=tok, records=records)
+    model = tiny_scratch_model(tmp_path_factory.mktemp("tiny_policy"), n_problems=12, seed=4)
+    model.records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
+                     for i, p in enumerate(model.problems)]
+    return model
 
 
 def make_trainer(tiny, out, algo: str, **overrides) -> RLVRTrainer:

@@ -1,0 +1,22 @@
+"""A tiny scratch Llama + tokenizer on disk, built on a few arithmetic problems, for tests that train or score."""
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from posttrain.modeling import build_llama, train_tokenizer
+from posttrain.task.arithmetic import generate_problems
+from posttrain.task.solutions import render_response
+from posttrain.trajectories import TRAJECTORIES, prompt
+
+
+def tiny_scratch_model(path: Path, n_problems: int, seed: int) -> SimpleNamespace:
+    """(path, tok, model, problems): 1 layer, width 32, a 300-token BPE on every trajectory of the problems."""
+    problems = generate_problems(n_problems, seed=seed, difficulties=range(1, 3), max_operand=12, max_value=60)
+    corpus = [prompt(p.question, t) + render_response(p, t) for p in problems for t in TRAJECTORIES]
+    tok = train_tokenizer(corpus, vocab_size=300)
+    torch.manual_seed(0)
+    model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=384)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return SimpleNamespace(path=str(path), tok=tok, model=model, problems=problems)
