@@ -24,7 +24,8 @@ from stages.train_rm import BENCHMARK, PAIRS, SFT, benchmark_report, read_jsonl
 
 OUT = Path("reports/bench/preference.json")
 KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "spearman_uncertainty_correct",
-        "accuracy_lowest_uncertainty_decile", "accuracy_highest_uncertainty_decile")
+        "accuracy_lowest_uncertainty_decile", "accuracy_highest_uncertainty_decile", "spearman_variance_correct",
+        "accuracy_lowest_variance_decile", "accuracy_highest_variance_decile", "spearman_margin_correct")
 
 
 def throughput(pm: PreferenceModel, bench: list[dict], batch_sizes=(16, 64)) -> dict[int, float]:
@@ -58,7 +59,7 @@ def run() -> None:
             with tempfile.TemporaryDirectory() as ckpt:
                 model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS], seed=params.seed)
             g, var = model.score([(p["question"], p["a"], p["b"]) for p in bench], cfg.eval_batch_size)
-            metrics, _ = benchmark_report(bench, g, var, cfg.uncertainty_lambda, margins)
+            metrics, _ = benchmark_report(bench, g, var, cfg.uncertainty_lambda, margins, cfg.uncertainty_score)
             report[f"retrained {estimator}"] = {k: metrics[k] for k in KEYS}
     print(f"benchmark: {stage['n_decisive']} decisive pairs, {stage['n_tie']} tie pairs\n")
     print(f"{'':26}" + "".join(f"{k.replace('accuracy', 'acc').replace('uncertainty', 'u')[:14]:>15}" for k in KEYS))

@@ -158,6 +158,8 @@ class RewardModelParams(TrainingParams):
     feature_scale: float = Field(gt=0, description="sngp: sigma, std of the frozen random projection W")
     ridge: float = Field(gt=0, description="sngp: ridge of the Laplace precision matrix")
     uncertainty_lambda: float = Field(ge=0, description="lambda in u = sqrt(1 + lambda * var)")
+    uncertainty_score: Literal["predictive", "variance"] = Field(
+        description="routing score: predictive = 1 - |2 sigmoid(g/u) - 1|, variance = u (the paper's)")
     dropout: float = Field(ge=0, lt=1, description="mc_dropout: dropout rate on the pooled features")
     mc_samples: int = Field(ge=2, description="mc_dropout: stochastic passes per pair")
     ensemble_size: int = Field(ge=2, description="ensemble: independently initialised heads on the shared backbone")
@@ -204,7 +206,8 @@ class RlhfParams(_Section):
 
     routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
         description="which pairs the judge decides")
-    threshold: float = Field(ge=1, description="uncertainty: route pairs with u = sqrt(1 + lambda var) above this")
+    threshold: float = Field(ge=0, description="uncertainty: route pairs whose uncertainty (train_rm.uncertainty_score) "
+                                               "is above this")
     budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each prompt's pairs judged")
     uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
     advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")

@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from posttrain.uncertainty import RandomFeatureGPHead, build_head
+from posttrain.uncertainty import RandomFeatureGPHead, build_head, pair_uncertainty
 
 HEAD_WEIGHTS, HEAD_CONFIG = "preference_head.safetensors", "preference_head.json"
 
@@ -53,10 +53,12 @@ class PreferenceModel(nn.Module):
     the diagonal h_A = h_B, away from the decisive training pairs, where the variance is high.
     """
 
-    def __init__(self, backbone, tokenizer, estimator: str, head_cfg, max_response_tokens: int, lam: float):
+    def __init__(self, backbone, tokenizer, estimator: str, head_cfg, max_response_tokens: int, lam: float,
+                 uncertainty_score: str = "variance"):
         super().__init__()
         self.backbone, self.tokenizer = backbone, tokenizer
         self.estimator, self.max_response_tokens, self.lam = estimator, max_response_tokens, lam
+        self.uncertainty_score = uncertainty_score
         self.head_cfg = {k: getattr(head_cfg, k) for k in
                          ("random_features", "feature_scale", "ridge", "dropout", "mc_samples", "ensemble_size")}
         self.head = build_head(estimator, 2 * backbone.config.hidden_size, head_cfg)
@@ -65,7 +67,7 @@ class PreferenceModel(nn.Module):
     def from_backbone(cls, path: str, cfg) -> "PreferenceModel":
         """A fresh PM on the transformer of the causal LM at ``path`` (its LM head is dropped)."""
         return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), cfg.estimator, cfg,
-                   cfg.max_response_tokens, cfg.uncertainty_lambda)
+                   cfg.max_response_tokens, cfg.uncertainty_lambda, cfg.uncertainty_score)
 
     def encode(self, triples: list[tuple[str, str, str]]) -> dict[str, torch.Tensor]:
         """Left-padded ids of each (question, A, B), responses cut to their last ``max_response_tokens`` tokens,
@@ -132,6 +134,10 @@ class PreferenceModel(nn.Module):
         g_ba, v_ba = self.head.predict(self.features([(q, b, a) for q, a, b in triples], batch_size))
         return (g_ab - g_ba) / 2, (v_ab + v_ba) / 2
 
+    def uncertainty(self, g: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        """The routing uncertainty of scored pairs (``train_rm.uncertainty_score``; see ``pair_uncertainty``)."""
+        return pair_uncertainty(g, var, self.lam, self.uncertainty_score)
+
     def save_pretrained(self, path: str | Path) -> None:
         path = Path(path)
         self.backbone.save_pretrained(path)
@@ -139,13 +145,14 @@ class PreferenceModel(nn.Module):
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, path / HEAD_WEIGHTS)
         (path / HEAD_CONFIG).write_text(json.dumps(
             {"estimator": self.estimator, "max_response_tokens": self.max_response_tokens,
-             "uncertainty_lambda": self.lam, **self.head_cfg}, indent=1))
+             "uncertainty_lambda": self.lam, "uncertainty_score": self.uncertainty_score, **self.head_cfg}, indent=1))
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "PreferenceModel":
         path = Path(path)
         cfg = json.loads((path / HEAD_CONFIG).read_text())
         pm = cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), cfg["estimator"],
-                 SimpleNamespace(**cfg), cfg["max_response_tokens"], cfg["uncertainty_lambda"])
+                 SimpleNamespace(**cfg), cfg["max_response_tokens"], cfg["uncertainty_lambda"],
+                 cfg.get("uncertainty_score", "variance"))
         pm.head.load_state_dict(load_file(path / HEAD_WEIGHTS))
         return pm.eval()

@@ -38,7 +38,6 @@ from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantage
 from posttrain.sandbox import sandbox_limits
 from posttrain.sft import checkpoint_dir
 from posttrain.trajectories import prompt as open_prompt
-from posttrain.uncertainty import calibrated_logit
 
 
 class RoutedPairwiseReward:
@@ -56,7 +55,7 @@ class RoutedPairwiseReward:
         n = len(responses)
         pairs = upper_pairs(n)
         g, var = self.pm.score([(question, responses[i], responses[j]) for i, j in pairs], self.cfg.pm_batch_size)
-        _, u_pair = calibrated_logit(g, var, self.pm.lam)
+        u_pair = self.pm.uncertainty(g, var)
         r, u = torch.zeros(n, n), torch.ones(n, n)
         for (i, j), gij, uij in zip(pairs, g, u_pair):
             r[i, j], r[j, i], u[i, j], u[j, i] = gij, -gij, uij, uij  # g is already antisymmetric

@@ -12,7 +12,7 @@
   their logits. (Members share the backbone: an ensemble of whole models costs M times the training.)
 
 Every head returns ``train_logits(h)`` (batch, members) for the loss and ``predict(h)`` -> (g, var); the
-calibrated logit is ``g / sqrt(1 + lambda * var)``.
+calibrated logit is ``g / sqrt(1 + lambda * var)``; ``pair_uncertainty`` turns (g, var) into the routing score.
 
 Example:
     >>> head = RandomFeatureGPHead(in_dim=4, n_features=64, feature_scale=1.0, ridge=1e-3)
@@ -33,6 +33,23 @@ def calibrated_logit(g: torch.Tensor, var: torch.Tensor, lam: float) -> tuple[to
     """(g / u, u) with u = sqrt(1 + lambda * var)."""
     u = torch.sqrt(1 + lam * var)
     return g / u, u
+
+
+def pair_uncertainty(g: torch.Tensor, var: torch.Tensor, lam: float, score: str) -> torch.Tensor:
+    """The uncertainty that ranks pairs for routing.
+
+    - ``variance``: u = sqrt(1 + lambda var), the paper's score (the GP variance alone).
+    - ``predictive``: 1 - |2 sigmoid(g / u) - 1|, the uncertainty of the mean-field calibrated prediction that
+      SNGP itself reports (1 at p = 1/2, 0 at p = 0 or 1): high where the logit is small or the variance shrinks
+      it. On this task the variance alone grows with the feature norm and so with |g| (Spearman +0.48 on the
+      benchmark), which made it rank the PM's confident, correct pairs as the most uncertain.
+    """
+    g_cal, u = calibrated_logit(g, var, lam)
+    if score == "variance":
+        return u
+    if score == "predictive":
+        return 1 - (2 * torch.sigmoid(g_cal) - 1).abs()
+    raise ValueError(f"unknown uncertainty score {score!r}; expected predictive or variance")
 
 
 class RandomFeatureGPHead(nn.Module):

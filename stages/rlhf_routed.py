@@ -28,7 +28,6 @@ from posttrain.preference_model import PreferenceModel
 from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy
 from posttrain.routing_eval import plot_curve, routing_curve, summarize_curve
 from posttrain.tracking import stage_run
-from posttrain.uncertainty import calibrated_logit
 
 DATA = Path("data/prepared")
 POLICY, PM_DIR, OUT = "models/sft", "models/rm", "models/rlhf"
@@ -41,11 +40,11 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def evaluate_routing(client: JudgeClient, lam: float, budgets: list[float], n_seeds: int) -> tuple[list, dict]:
+def evaluate_routing(client: JudgeClient, pm: PreferenceModel, budgets: list[float], n_seeds: int) -> tuple[list, dict]:
     bench, scores = read_jsonl(BENCH), read_jsonl(SCORES)
     decisive = [(p, s) for p, s in zip(bench, scores, strict=True) if p["label"] != "tie"]
     g = torch.tensor([s["g"] for _, s in decisive])
-    _, u = calibrated_logit(g, torch.tensor([s["var"] for _, s in decisive]), lam)
+    u = pm.uncertainty(g, torch.tensor([s["var"] for _, s in decisive]))
     verdicts = client.judge([(p["question"], p["a"], p["b"]) for p, _ in decisive])
     rows = routing_curve([p["label"] for p, _ in decisive], g, u, verdicts, budgets, list(range(n_seeds)))
     return rows, {"n_pairs": len(decisive), **summarize_curve(rows)}
@@ -62,7 +61,7 @@ def main() -> None:
             # 1. routing evaluation on the benchmark
             pm = PreferenceModel.from_pretrained(PM_DIR)
             eval_client = JudgeClient(params.judge, base_url, cache)
-            rows, summary = evaluate_routing(eval_client, pm.lam, cfg.eval_budgets, cfg.eval_seeds)
+            rows, summary = evaluate_routing(eval_client, pm, cfg.eval_budgets, cfg.eval_seeds)
             with atomic_dir(REPORTS) as tmp:
                 plot_curve(rows, tmp / "routing_curve.png",
                            f"Routing on the preference benchmark ({summary['n_pairs']} decisive pairs)")

@@ -28,7 +28,7 @@ from posttrain.params import load_params
 from posttrain.preference_training import pointwise_scores, train_pointwise_rm, train_preference_model
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
-from posttrain.uncertainty import calibrated_logit
+from posttrain.uncertainty import calibrated_logit, pair_uncertainty
 
 SFT, PAIRS, BENCHMARK = "models/sft", Path("data/seppo/pairs.jsonl"), Path("data/preference_benchmark/pairs.jsonl")
 PM_OUT, POINTWISE_OUT = "models/rm", "models/rm_pointwise"
@@ -45,9 +45,14 @@ def decisive_figures(p: list[float], label_a: list[bool], n_bins: int = 10) -> d
 
 
 def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam: float,
-                     pointwise_margin: list[float]) -> tuple[dict, dict]:
-    """(metrics, curves): every figure of the benchmark for the PM and the pointwise RM."""
-    g_cal, u = calibrated_logit(g, var, lam)
+                     pointwise_margin: list[float], score: str = "predictive") -> tuple[dict, dict]:
+    """(metrics, curves): every figure of the benchmark for the PM and the pointwise RM.
+
+    The uncertainty figures use ``score`` (the routing score); the GP variance's own Spearman and extreme
+    deciles are reported beside it (``*_variance``), and the margin's (-|g|) as a reference.
+    """
+    g_cal, _ = calibrated_logit(g, var, lam)
+    u = pair_uncertainty(g, var, lam, score)
     p_raw, p_cal, p_pw = torch.sigmoid(g).tolist(), torch.sigmoid(g_cal).tolist(), \
         torch.sigmoid(torch.tensor(pointwise_margin)).tolist()
     decisive = [i for i, pair in enumerate(pairs) if pair["label"] != "tie"]
@@ -56,6 +61,8 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
     correct = [(p_raw[i] > 0.5) == y for i, y in zip(decisive, label_a)]
     unc = [u[i].item() for i in decisive]
     deciles = accuracy_by_decile(unc, correct)
+    variance = [var[i].item() for i in decisive]
+    variance_deciles = accuracy_by_decile(variance, correct)
     pm_raw = decisive_figures([p_raw[i] for i in decisive], label_a)
     metrics = {
         "n_decisive": len(decisive), "n_tie": len(ties),
@@ -66,6 +73,11 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
         "spearman_uncertainty_correct": spearman(unc, correct),
         "accuracy_lowest_uncertainty_decile": deciles[0]["accuracy"],
         "accuracy_highest_uncertainty_decile": deciles[-1]["accuracy"],
+        "uncertainty_score": score,
+        "spearman_variance_correct": spearman(variance, correct),
+        "accuracy_lowest_variance_decile": variance_deciles[0]["accuracy"],
+        "accuracy_highest_variance_decile": variance_deciles[-1]["accuracy"],
+        "spearman_margin_correct": spearman([-abs(g[i].item()) for i in decisive], correct),
         "mean_uncertainty_decisive": sum(unc) / len(unc),
         "mean_uncertainty_tie": sum(u[i].item() for i in ties) / len(ties) if ties else None,
         "tie_mean_abs_p_minus_half": sum(abs(p_cal[i] - 0.5) for i in ties) / len(ties) if ties else None,
@@ -76,7 +88,7 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
         metrics["pm_accuracy_by_difficulty"][str(d)] = round(sum(correct[k] for k in idx) / len(idx), 4)
         metrics["pointwise_accuracy_by_difficulty"][str(d)] = round(
             sum((p_pw[decisive[k]] > 0.5) == label_a[k] for k in idx) / len(idx), 4)
-    curves = {"deciles": deciles, "reliability": {
+    curves = {"deciles": deciles, "variance_deciles": variance_deciles, "reliability": {
         "PM raw": reliability_bins([p_raw[i] for i in decisive], label_a),
         "PM calibrated (g/u)": reliability_bins([p_cal[i] for i in decisive], label_a),
         "pointwise RM": reliability_bins([p_pw[i] for i in decisive], label_a)}}
@@ -114,13 +126,14 @@ def main() -> None:
                                cfg.eval_batch_size)
         r_b = pointwise_scores(rm, rm_tok, [(p["question"], p["b"]) for p in bench], cfg.max_response_tokens,
                                cfg.eval_batch_size)
-        metrics, curves = benchmark_report(bench, g, var, cfg.uncertainty_lambda, [a - b for a, b in zip(r_a, r_b)])
+        metrics, curves = benchmark_report(bench, g, var, cfg.uncertainty_lambda, [a - b for a, b in zip(r_a, r_b)],
+                                           cfg.uncertainty_score)
         metrics["pm_pairs_per_s"] = pairs_per_s
         with atomic_dir(REPORTS) as tmp:
             plot_reliability(curves["reliability"], tmp / "reliability.png",
                              f"Preference benchmark ({metrics['n_decisive']} decisive pairs)")
             plot_decile_accuracy(curves["deciles"], tmp / "accuracy_by_uncertainty_decile.png",
-                                 f"PM ({cfg.estimator}) accuracy by uncertainty decile")
+                                 f"PM ({cfg.estimator}, {cfg.uncertainty_score}) accuracy by uncertainty decile")
             (tmp / "curves.json").write_text(json.dumps(curves, indent=1))
             (tmp / "benchmark_scores.jsonl").write_text("".join(
                 json.dumps({"id": p["id"], "kind": p["kind"], "label": p["label"], "g": gi, "var": vi,
@@ -132,7 +145,8 @@ def main() -> None:
         mlflow.log_artifacts(str(REPORTS), "rm")
         print(f"train_rm: PM accuracy {metrics['pm_accuracy']:.3f} (pointwise {metrics['pointwise_accuracy']:.3f}), "
               f"ECE raw {metrics['pm_ece_raw']:.3f} -> calibrated {metrics['pm_ece_calibrated']:.3f}, "
-              f"Spearman(u, correct) {metrics['spearman_uncertainty_correct']:.3f}, {pairs_per_s:.1f} pairs/s")
+              f"Spearman(uncertainty, correct) {metrics['spearman_uncertainty_correct']:.3f} ({cfg.uncertainty_score}; "
+              f"variance alone {metrics['spearman_variance_correct']:.3f}), {pairs_per_s:.1f} pairs/s")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from posttrain.uncertainty import pair_uncertainty
+
 from posttrain.judge_client import JudgeCache, JudgeClient
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
 from posttrain.judge_server import JudgeService, build_app, verifier_backend
@@ -148,6 +150,9 @@ class StubPM:
     def score(self, triples, batch_size=64):
         g = torch.tensor([float(len(a) - len(b)) for _, a, b in triples])
         return g, 1.0 / (1.0 + g.abs())
+
+    def uncertainty(self, g, var):
+        return pair_uncertainty(g, var, self.lam, "variance")
 
 
 class StubJudge:

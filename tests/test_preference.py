@@ -15,11 +15,12 @@ from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, seppo_loss
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
-from posttrain.uncertainty import EnsembleHead, MCDropoutHead, RandomFeatureGPHead, calibrated_logit
+from posttrain.uncertainty import EnsembleHead, MCDropoutHead, RandomFeatureGPHead, calibrated_logit, pair_uncertainty
 from tiny_model import tiny_scratch_model
 
 HEAD_CFG = SimpleNamespace(random_features=128, feature_scale=1.0, ridge=1e-3, dropout=0.1, mc_samples=4,
-                           ensemble_size=3, estimator="sngp", max_response_tokens=64, uncertainty_lambda=10.0)
+                           ensemble_size=3, estimator="sngp", max_response_tokens=64, uncertainty_lambda=10.0,
+                           uncertainty_score="predictive")
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +207,17 @@ def test_calibration_figures_on_known_cases():
     assert spearman([1, 2, 3, 4], [0, 0, 1, 1]) > 0.8 and spearman([1, 2, 3, 4], [1, 1, 0, 0]) < -0.8
     deciles = accuracy_by_decile(list(range(100)), [i < 50 for i in range(100)])
     assert deciles[0]["accuracy"] == 1.0 and deciles[-1]["accuracy"] == 0.0 and len(deciles) == 10
+
+
+def test_pair_uncertainty_scores():
+    """predictive: highest at g = 0, falls with |g|, rises with the variance at a fixed g; variance: u itself."""
+    g = torch.tensor([0.0, 1.0, 3.0, 3.0, -3.0])
+    var = torch.tensor([0.0, 0.0, 0.0, 5.0, 5.0])
+    pred = pair_uncertainty(g, var, lam=10.0, score="predictive")
+    assert pred[0] == pytest.approx(1.0) and pred[0] > pred[1] > pred[2]
+    assert pred[3] > pred[2] and pred[3] == pytest.approx(pred[4])  # symmetric in the sign of g
+    assert pred[2] == pytest.approx(1 - (2 * torch.sigmoid(torch.tensor(3.0)) - 1).item())
+    u = pair_uncertainty(g, var, lam=10.0, score="variance")
+    assert torch.allclose(u, torch.sqrt(1 + 10.0 * var))
+    with pytest.raises(ValueError, match="unknown uncertainty score"):
+        pair_uncertainty(g, var, 10.0, "entropy")
