@@ -2,7 +2,7 @@
 policy (uncertainty_budget at `rlhf.budget`, random at the same budget, rm_only, judge_only) and several seeds;
 test accuracy of each resulting policy and what its judge cost.
 
-    python3 bench/rlhf_downstream.py [--seeds 3] [--routings uncertainty_budget random rm_only judge_only]
+    python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
 its own. Prints a table, writes reports/bench/rlhf_downstream.json and logs to MLflow; nothing is asserted.
@@ -30,9 +30,9 @@ OUT = Path("reports/bench/rlhf_downstream.json")
 ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")
 
 
-def one_run(params, routing: str, seed: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
+def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
     """Train with one routing policy and seed; test accuracy and judge cost."""
-    cfg = params.rlhf.model_copy(update={"routing": routing})
+    cfg = params.rlhf.model_copy(update={"routing": routing, "max_steps": steps})
     run_params = params.model_copy(update={"rlhf": cfg})
     ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
     client = JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)
@@ -52,6 +52,7 @@ def run() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3, help="training seeds per routing policy")
     ap.add_argument("--routings", nargs="+", default=list(ROUTINGS), choices=ROUTINGS)
+    ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: rlhf.max_steps)")
     args = ap.parse_args()
     params = load_params()
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
@@ -65,7 +66,7 @@ def run() -> None:
                 with tempfile.TemporaryDirectory(prefix="rlhf_bench_") as tmp, \
                         mlflow.start_run(run_name=f"{routing} seed {seed}", nested=True,
                                          tags={"posttrain.bench.variant": routing, "seed": str(seed)}):
-                    r = one_run(params, routing, seed, url, pm, splits, Path(tmp))
+                    r = one_run(params, routing, seed, args.steps or params.rlhf.max_steps, url, pm, splits, Path(tmp))
                     mlflow.log_metrics({"test_accuracy": r["test_accuracy"], "judge_calls": r["judge_calls"],
                                         "judge_cost": r["judge_cost"], "routed_fraction": r["routed_fraction"]})
                 results.append(r)
