@@ -91,7 +91,7 @@ def run() -> None:
     args = ap.parse_args()
     params = load_params()
     steps = args.steps or params.rlvr.max_steps
-    train, test = read_jsonl(DATA / "train.jsonl"), read_jsonl(DATA / "test.jsonl")
+    train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
     runs = []
     with bench_run("rlvr", params):
         sft = own_choice_accuracy(POLICY, test, params.rlvr.max_new_tokens, params.sandbox)

@@ -236,6 +236,8 @@ class RlvrParams(_Section):
     k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
     buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
     max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
+    n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
+                                                   "(null = all); reuse needs prompts that come back")
     prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step")
     max_steps: int = Field(ge=1, description="optimizer steps")
     learning_rate: float = Field(gt=0, description="policy learning rate")

@@ -74,7 +74,7 @@ def main() -> None:
     cfg = params.rlvr
     with stage_run("rlvr_ar3po", params, sections=["seed", "sandbox", "rlvr"]):
         train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
-        trainer, dev_cb = train_rlvr(params, train, dev[:cfg.n_dev], OUT, CHECKPOINTS)
+        trainer, dev_cb = train_rlvr(params, train[:cfg.n_prompts], dev[:cfg.n_dev], OUT, CHECKPOINTS)
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         totals = dict(trainer.totals)
