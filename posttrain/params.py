@@ -201,43 +201,9 @@ class JudgeParams(_Section):
                                                  "malformed_json, truncated_json, no_verdict)")
 
 
-class RlhfParams(_Section):
-    """Uncertainty-routed online RLHF (the `rlhf_routed` stage), on TRL's GRPOTrainer."""
+class OnlinePolicyParams(_Section):
+    """What every online policy-gradient stage (TRL GRPOTrainer) shares."""
 
-    routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
-        description="which pairs the judge decides")
-    threshold: float = Field(ge=0, description="uncertainty: route pairs whose uncertainty (train_rm.uncertainty_score) "
-                                               "is above this")
-    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each prompt's pairs judged")
-    uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
-    advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
-    n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
-    prompts_per_step: int = Field(ge=1, description="prompts per optimizer step")
-    max_steps: int = Field(ge=1, description="optimizer steps")
-    learning_rate: float = Field(gt=0, description="policy learning rate")
-    kl_beta: float = Field(ge=0, description="KL penalty to the reference (SFT) policy")
-    clip_epsilon: float = Field(gt=0, description="PPO-style ratio clip")
-    temperature: float = Field(gt=0, description="sampling temperature of the policy")
-    max_new_tokens: int = Field(ge=1, description="response length cap")
-    pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
-    dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
-    n_dev: int = Field(ge=1, description="dev questions for that accuracy")
-    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
-    eval_budgets: list[float] = Field(min_length=1, description="routing evaluation: judge budgets on the benchmark")
-    eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
-
-
-class RlvrParams(_Section):
-    """RLVR with the task verifier as reward (the `rlvr_ar3po` stage): AR3PO, or GRPO / DAPO as baselines."""
-
-    algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
-    n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
-    stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
-    k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
-    buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
-    max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
-    n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
-                                                   "(null = all); reuse needs prompts that come back")
     prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step")
     max_steps: int = Field(ge=1, description="optimizer steps")
     learning_rate: float = Field(gt=0, description="policy learning rate")
@@ -248,6 +214,35 @@ class RlvrParams(_Section):
     dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
     n_dev: int = Field(ge=1, description="dev questions for that accuracy")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
+
+
+class RlhfParams(OnlinePolicyParams):
+    """Uncertainty-routed online RLHF (the `rlhf_routed` stage), on TRL's GRPOTrainer."""
+
+    routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
+        description="which pairs the judge decides")
+    threshold: float = Field(ge=0, description="uncertainty: route pairs whose uncertainty (train_rm.uncertainty_score) "
+                                               "is above this")
+    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each prompt's pairs judged")
+    uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
+    advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
+    n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
+    pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
+    eval_budgets: list[float] = Field(min_length=1, description="routing evaluation: judge budgets on the benchmark")
+    eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
+
+
+class RlvrParams(OnlinePolicyParams):
+    """RLVR with the task verifier as reward (the `rlvr_ar3po` stage): AR3PO, or GRPO / DAPO as baselines."""
+
+    algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
+    n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
+    stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
+    k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
+    buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
+    max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
+    n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
+                                                   "(null = all); reuse needs prompts that come back")
 
 
 class EvaluateParams(_Section):
