@@ -18,13 +18,13 @@ import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 from trl import RewardConfig, RewardTrainer
 
+from posttrain.checkpoints import last_complete_checkpoint
+from posttrain.modeling import device_args
 from posttrain.params import RewardModelParams
 from posttrain.preference_model import PreferenceModel, tail
 from posttrain.sft import checkpoint_dir
-from posttrain.modeling import device_args
 
 
 def both_orders(pairs: list[dict], seed: int) -> list[tuple[tuple[str, str, str], int]]:
@@ -56,7 +56,7 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
         return {**pm.encode([tuple(b["triple"]) for b in batch]), "labels": torch.tensor([b["labels"] for b in batch])}
 
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
-    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    resume = last_complete_checkpoint(ckpt)
     if resume:
         print(f"train_rm: resuming the preference model from {resume}")
     args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
@@ -78,7 +78,7 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
                                   "chosen": " " + tail(tokenizer, p["chosen"], n),
                                   "rejected": " " + tail(tokenizer, p["rejected"], n)} for p in pairs])
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
-    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    resume = last_complete_checkpoint(ckpt)
     args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=resume)

@@ -27,10 +27,10 @@ import mlflow
 import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir
+from posttrain.checkpoints import last_complete_checkpoint
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator
 from posttrain.modeling import device_args, load_pretrained
@@ -141,7 +141,7 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
                                  sandbox_limits(params.sandbox), params.sandbox.workers)
     dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
-    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    resume = last_complete_checkpoint(ckpt)
     if resume:
         print(f"rlhf_routed: resuming from {resume}")
         if mlflow.active_run() is not None:

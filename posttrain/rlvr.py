@@ -41,13 +41,6 @@ from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_
 ROLLOUT_STATE = "rollout_state.json"
 
 
-def last_complete_checkpoint(root: Path) -> str | None:
-    """The newest ``checkpoint-<n>`` under ``root`` that holds its rollout state (a kill can fall between TRL's
-    save and ours: that checkpoint is skipped, the one before it is complete)."""
-    done = [p for p in Path(root).glob("checkpoint-*") if (p / ROLLOUT_STATE).is_file()]
-    return str(max(done, key=lambda p: int(p.name.split("-")[1]))) if done else None
-
-
 class VerifierReward:
     """The verifiable reward: 1 when the response's final answer (a ``pot`` program's output) is right, else 0."""
 

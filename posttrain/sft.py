@@ -18,13 +18,12 @@ import shutil
 from pathlib import Path
 
 import mlflow
-import torch
 from datasets import Dataset
 from transformers import set_seed
-from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from posttrain.atomic import atomic_dir
+from posttrain.checkpoints import last_complete_checkpoint
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.params import WarmupParams
 
@@ -82,7 +81,7 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     tokenizer, model = load_pretrained(init_model)
     set_seed(seed)
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
-    resume = get_last_checkpoint(str(ckpt)) if ckpt.is_dir() else None
+    resume = last_complete_checkpoint(ckpt)
     if resume:
         print(f"{name}: resuming from {resume}")
         mlflow.set_tag(f"{name}.resumed_from", resume)

@@ -21,10 +21,11 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.checkpoints import last_complete_checkpoint
 from posttrain.errors import stage_main
 from posttrain.params import Params, load_params
 from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
-from posttrain.rlvr import RLVRTrainer, VerifierReward, last_complete_checkpoint, rlvr_config
+from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
 from posttrain.sandbox import sandbox_limits
 from posttrain.sft import checkpoint_dir
 from posttrain.tracking import stage_run
@@ -52,7 +53,7 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     dev_cb = DevAccuracyCallback(eval_records, tokenizer, cfg.dev_every, cfg.max_new_tokens, limits,
                                  params.sandbox.workers, label=f"rlvr {cfg.algo}")
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(POLICY), DATA / "train.jsonl"])
-    resume = last_complete_checkpoint(ckpt)
+    resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
     trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[dev_cb], rlvr=cfg, seed=seed)
     if resume:

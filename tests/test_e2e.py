@@ -186,8 +186,13 @@ def kill_when(cmd: list[str], repo: Path, ready, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None and not ready():
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
+    finished = proc.poll()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group already exited: the caller's assertions say whether that is wrong
+        pass
     proc.wait()
+    assert finished in (None, 0), f"{' '.join(cmd)} failed (exit {finished}) before it could be killed"
 
 
 def set_params(repo: Path, section: str, **values) -> None:

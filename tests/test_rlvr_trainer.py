@@ -9,7 +9,8 @@ import torch
 from datasets import Dataset
 
 from posttrain.params import load_params
-from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, last_complete_checkpoint, rlvr_config
+from posttrain.checkpoints import last_complete_checkpoint
+from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
 from posttrain.rollout import Response
 from posttrain.sandbox import SandboxLimits
 from posttrain.trajectories import prompt
@@ -82,5 +83,5 @@ def test_resume_skips_a_checkpoint_killed_before_its_rollout_state(tmp_path):
         (tmp_path / f"checkpoint-{step}").mkdir()
         if complete:
             (tmp_path / f"checkpoint-{step}" / ROLLOUT_STATE).write_text("{}")
-    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")
-    assert last_complete_checkpoint(tmp_path / "missing") is None
+    assert last_complete_checkpoint(tmp_path, marker=ROLLOUT_STATE) == str(tmp_path / "checkpoint-2")
+    assert last_complete_checkpoint(tmp_path / "missing", marker=ROLLOUT_STATE) is None
