@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -138,6 +139,7 @@ class RLVRTrainer(GRPOTrainer):
     # --- accounting ------------------------------------------------------------------------------------------
     def _log_rollout(self, groups: dict[str, list[Response]], stats, zero_adv: int, inputs: list[dict]) -> None:
         difficulty = {x["prompt"]: x.get("difficulty") for x in inputs}
+        generated = [r.reward for rs in groups.values() for r in rs if not r.reused]
         self.totals.update({"responses": stats.generated, "tokens": stats.tokens, "buffer_hits": stats.buffer_hits,
                             "prompts": len(groups), "zero_advantage_prompts": zero_adv})
         self.totals["generation_seconds"] += self._generation_seconds
@@ -146,6 +148,9 @@ class RLVRTrainer(GRPOTrainer):
             "rollout/responses_per_prompt": stats.generated / max(len(groups), 1),
             "rollout/zero_advantage_share": zero_adv / max(len(groups), 1),
             "rollout/buffer_hits": stats.buffer_hits, "rollout/buffer_size": len(self.buffer),
+            # what RL optimises: the verifier's mean on this step's generated responses, and prompts solved at all
+            "rollout/reward_mean": statistics.fmean(generated) if generated else 0.0,
+            "rollout/solved_share": sum(any(r.reward > 0 for r in rs) for rs in groups.values()) / max(len(groups), 1),
             "rollout/generation_seconds": self._generation_seconds,
             **{f"rollout/total_{k}": v for k, v in self.totals.items()},
         }
@@ -157,7 +162,8 @@ class RLVRTrainer(GRPOTrainer):
         for name, value in metrics.items():
             self._metrics["train"][name].append(float(value))
         self.curve.append({"step": self.state.global_step + 1, "responses": self.totals["responses"],
-                           "tokens": self.totals["tokens"], "zero_advantage_share": zero_adv / max(len(groups), 1)})
+                           "tokens": self.totals["tokens"], "zero_advantage_share": zero_adv / max(len(groups), 1),
+                           "reward_mean": metrics["rollout/reward_mean"], "solved_share": metrics["rollout/solved_share"]})
 
     def training_step(self, model, inputs, num_items_in_batch):
         start = time.perf_counter()
