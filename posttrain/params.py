@@ -254,6 +254,10 @@ class EvaluateParams(_Section):
         description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
     batch_size: int = Field(ge=1, description="prompts per generation batch")
     max_new_tokens: int = Field(ge=1, description="generation length cap")
+    policies: list[str] = Field(description="later-stage policies under models/ scored on own choice only (sft, rlhf, ...)")
+    workers: int = Field(ge=0, description="Ray workers (CPUs) for the evaluation shards; 0 = in this process, one at a time")
+    ray_address: str | None = Field(description="an existing Ray cluster (ray://host:10001 or auto); null = a local one")
+    shard_size: int = Field(ge=1, description="questions per shard (shards never depend on the worker count)")
 
 
 class TrackingParams(_Section):

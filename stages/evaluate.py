@@ -4,7 +4,9 @@ For every model in ``evaluate.models`` (directories under models/) and every for
 trajectories named in the prompt, and ``own_choice``, where the model names its trajectory), the
 model answers every test question greedily; ``pot`` programs run in the sandbox. With
 ``evaluate.dots``, also the DOTS planners of the `sft` stage: the internalized planner (its own choice)
-and the external planner naming the trajectory the warm-up solver then follows. Writes
+and the external planner naming the trajectory the warm-up solver then follows; and each later policy in
+``evaluate.policies`` (rlhf, rlvr) on its own choice. The work is cut into shards run by a Prefect task runner on
+Ray (``posttrain.sharded_evaluation``: ``evaluate.workers`` local workers or ``evaluate.ray_address``). Writes
 reports/metrics/evaluate.json (DVC metrics), reports/plots/accuracy_by_difficulty.csv (DVC plot),
 reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot.
 """
@@ -18,17 +20,15 @@ import mlflow
 
 from posttrain.atomic import atomic_write_json, atomic_write_text
 from posttrain.errors import stage_main
-from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
-from posttrain.generation import HFGenerator
-from posttrain.modeling import load_pretrained
-from posttrain.params import EvaluateParams, SandboxParams, load_params
-from posttrain.sandbox import sandbox_limits
+from posttrain.evaluation import OWN_CHOICE, summarize
+from posttrain.params import EvaluateParams, load_params
+from posttrain.sharded_evaluation import plan_shards, run_shards
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
-from posttrain.trajectories import BY_NAME, TRAJECTORIES, Trajectory, plain_prompt, prompt, split_choice
+from posttrain.trajectories import BY_NAME, TRAJECTORIES
 
 TEST = "data/prepared/test.jsonl"
-SOLVER, INTERNAL, PLANNER, VANILLA = "models/warmup", "models/sft", "models/planner", "models/sft_vanilla"
+INTERNAL, PLANNER, VANILLA = "models/sft", "models/planner", "models/sft_vanilla"
 METRICS = Path("reports/metrics/evaluate.json")
 PLOT_CSV = Path("reports/plots/accuracy_by_difficulty.csv")
 RESPONSES = Path("reports/evaluate/responses.jsonl")
@@ -44,52 +44,6 @@ def resolve_formats(formats) -> list[str]:
         if name != OWN_CHOICE and name not in BY_NAME:
             raise DataError(f"evaluate.formats: {name!r} is not a trajectory; expected one of {sorted(BY_NAME)}")
     return list(formats)
-
-
-def generator_for(model_dir: str, cfg: EvaluateParams, max_new_tokens: int | None = None) -> HFGenerator:
-    tokenizer, model = load_pretrained(model_dir)
-    return HFGenerator(model, tokenizer, cfg.batch_size, max_new_tokens or cfg.max_new_tokens)
-
-
-def evaluate_model(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams,
-                   sandbox: SandboxParams, seed: int):
-    """(rows, summary) for one model: generate every (question, format) and score it."""
-    generator = generator_for(model_dir, cfg)
-    jobs = [(rec, fmt) for fmt in formats for rec in records]
-    prompts = [prompt(rec["question"], None if fmt == OWN_CHOICE else Trajectory.from_name(fmt)) for rec, fmt in jobs]
-    completions = generator.generate(prompts, seed=seed, desc=f"evaluate {Path(model_dir).name}")
-    rows = score_responses([r for r, _ in jobs], [f for _, f in jobs], [c.text for c in completions],
-                           sandbox_limits(sandbox), sandbox.workers)
-    for row, c in zip(rows, completions):
-        row["n_tokens"] = c.n_tokens
-    return rows, summarize(rows, [c.n_tokens for c in completions])
-
-
-def evaluate_external(planner_dir: str, solver_dir: str, records: list[dict], cfg: EvaluateParams,
-                      sandbox: SandboxParams, seed: int):
-    """(rows, summary) for DOTS with an external planner: it names a trajectory, the solver follows it
-    (when the planner names none, the solver chooses its own)."""
-    plans = generator_for(planner_dir, cfg, max_new_tokens=16).generate(
-        [prompt(r["question"]) for r in records], seed=seed, desc="evaluate planner")
-    chosen = [split_choice(p.text)[0] for p in plans]
-    completions = generator_for(solver_dir, cfg).generate(
-        [prompt(r["question"], t) for r, t in zip(records, chosen)], seed=seed, desc="evaluate planner+solver")
-    rows = score_responses(records, [t.name if t else OWN_CHOICE for t in chosen], [c.text for c in completions],
-                           sandbox_limits(sandbox), sandbox.workers)
-    for row, c, t in zip(rows, completions, chosen):
-        row.update(n_tokens=c.n_tokens, format="external", trajectory=t.name if t else row["trajectory"])
-    return rows, summarize(rows, [c.n_tokens for c in completions])
-
-
-def evaluate_vanilla(model_dir: str, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams, seed: int):
-    """(rows, summary) for the vanilla SFT baseline: the question alone in, a plain solution out."""
-    completions = generator_for(model_dir, cfg).generate([plain_prompt(r["question"]) for r in records], seed=seed,
-                                                         desc="evaluate vanilla")
-    rows = score_responses(records, ["cot"] * len(records), [c.text for c in completions],
-                           sandbox_limits(sandbox), sandbox.workers)
-    for row, c in zip(rows, completions):
-        row.update(n_tokens=c.n_tokens, format="vanilla", trajectory=None)
-    return rows, summarize(rows, [c.n_tokens for c in completions])
 
 
 def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
@@ -111,6 +65,18 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+def systems_to_evaluate(cfg: EvaluateParams, formats: list[str]) -> tuple[dict, dict]:
+    """(name -> (kind, formats), name -> model dir) for everything ``evaluate`` scores."""
+    systems = {name: ("model", tuple(formats)) for name in cfg.models}
+    dirs = {}
+    if cfg.dots:
+        systems.update(dots_internal=("model", (OWN_CHOICE,)), dots_external=("external", ()),
+                       sft_vanilla=("vanilla", ()))
+        dirs.update(dots_internal=INTERNAL, dots_external=PLANNER, sft_vanilla=VANILLA)
+    systems.update({name: ("model", (OWN_CHOICE,)) for name in cfg.policies})
+    return systems, dirs
+
+
 @stage_main
 def main() -> None:
     params = load_params()
@@ -120,18 +86,16 @@ def main() -> None:
             records = [json.loads(line) for line in f]
         records = records[: cfg.n_test] if cfg.n_test else records
         formats = resolve_formats(cfg.formats)
-        systems = {name: lambda name=name: evaluate_model(f"models/{name}", records, formats, cfg, params.sandbox,
-                                                           params.seed) for name in cfg.models}
-        if cfg.dots:
-            systems["dots_internal"] = lambda: evaluate_model(INTERNAL, records, [OWN_CHOICE], cfg, params.sandbox,
-                                                              params.seed)
-            systems["dots_external"] = lambda: evaluate_external(PLANNER, SOLVER, records, cfg, params.sandbox,
-                                                                 params.seed)
-            systems["sft_vanilla"] = lambda: evaluate_vanilla(VANILLA, records, cfg, params.sandbox, params.seed)
+        systems, dirs = systems_to_evaluate(cfg, formats)
+        shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
+        print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
+              f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
+        results = run_shards(shards, records, cfg, params.sandbox, params.seed)
         all_rows, summaries = [], {}
-        for name, run in systems.items():
-            rows, summary = run()
-            all_rows += [{"model": name, **r} for r in rows]
+        for name in systems:
+            rows = [r for shard, part in zip(shards, results) if shard.system == name for r in part]
+            summary = summarize(rows, [r["n_tokens"] for r in rows])
+            all_rows += rows
             summaries[name] = summary
             mlflow.log_metrics({f"{name}.accuracy": summary["accuracy"],
                                 f"{name}.mean_response_tokens": summary["mean_response_tokens"],

@@ -1,0 +1,164 @@
+"""Test-split evaluation cut into shards and run by a Prefect task runner on Ray.
+
+A *system* is one thing evaluated: a model answering in given trajectory formats (``model``), the DOTS
+external planner naming a trajectory that the solver follows (``external``), or vanilla SFT answering the bare
+question (``vanilla``). Each system's (question x format) jobs are cut into shards of ``evaluate.shard_size``
+jobs; a shard is one Prefect task (retried on failure), and the tasks run on a Ray instance: a local one
+with ``evaluate.workers`` CPUs by default, or the cluster at ``evaluate.ray_address`` (one GPU per task where
+GPUs exist). Shards are defined by the data, never by the worker count, and merged back in shard order, so
+any number of workers gives the same rows as one.
+
+    >>> shards = plan_shards({"warmup": ("model", ("cot", "pot"))}, n_records=5, shard_size=4)
+    >>> [(s.system, s.formats, s.start, s.stop) for s in shards]
+    [('warmup', ('cot',), 0, 4), ('warmup', ('cot',), 4, 5), ('warmup', ('pot',), 0, 4), ('warmup', ('pot',), 4, 5)]
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from prefect import flow, task
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from posttrain.evaluation import OWN_CHOICE, score_responses
+from posttrain.generation import HFGenerator
+from posttrain.modeling import load_pretrained
+from posttrain.params import EvaluateParams, SandboxParams
+from posttrain.sandbox import sandbox_limits
+from posttrain.trajectories import Trajectory, plain_prompt, prompt, split_choice
+
+SOLVER, PLANNER = Path("models/warmup"), Path("models/planner")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One unit of work: ``system``'s answers for records[start:stop] in ``formats``."""
+
+    system: str
+    kind: str  # model | external | vanilla
+    formats: tuple[str, ...]
+    start: int
+    stop: int
+    model_dir: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}/{'+'.join(self.formats)}/{self.start}-{self.stop}"
+
+
+def plan_shards(systems: dict[str, tuple[str, tuple[str, ...]]], n_records: int, shard_size: int,
+                model_dirs: dict[str, str] | None = None) -> list[Shard]:
+    """Shards for ``systems`` (name -> (kind, formats)): per format, records cut every ``shard_size``.
+    ``external`` and ``vanilla`` systems have one format of their own, their kind."""
+    shards = []
+    for system, (kind, formats) in systems.items():
+        model_dir = str(Path((model_dirs or {}).get(system, f"models/{system}")).resolve())
+        for fmt in formats if kind == "model" else (kind,):
+            shards += [Shard(system, kind, (fmt,), start, min(start + shard_size, n_records), model_dir)
+                       for start in range(0, n_records, shard_size)]
+    return shards
+
+
+def _generator(model_dir: str, cfg: EvaluateParams, max_new_tokens: int | None = None) -> HFGenerator:
+    tokenizer, model = load_pretrained(model_dir)
+    return HFGenerator(model, tokenizer, cfg.batch_size, max_new_tokens or cfg.max_new_tokens)
+
+
+def answer_in_formats(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams,
+                      sandbox: SandboxParams, seed: int) -> list[dict]:
+    """A model answers every (question, format) greedily; one scored row per answer."""
+    jobs = [(rec, fmt) for fmt in formats for rec in records]
+    prompts = [prompt(rec["question"], None if fmt == OWN_CHOICE else Trajectory.from_name(fmt)) for rec, fmt in jobs]
+    completions = _generator(model_dir, cfg).generate(prompts, seed=seed, progress=False)
+    rows = score_responses([r for r, _ in jobs], [f for _, f in jobs], [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    for row, c in zip(rows, completions):
+        row["n_tokens"] = c.n_tokens
+    return rows
+
+
+def answer_with_external_planner(planner_dir: str, solver_dir: str, records: list[dict], cfg: EvaluateParams,
+                                 sandbox: SandboxParams, seed: int) -> list[dict]:
+    """DOTS with an external planner: it names a trajectory and the solver follows it (when the planner
+    names none, the solver chooses its own)."""
+    plans = _generator(planner_dir, cfg, max_new_tokens=16).generate(
+        [prompt(r["question"]) for r in records], seed=seed, progress=False)
+    chosen = [split_choice(p.text)[0] for p in plans]
+    completions = _generator(solver_dir, cfg).generate(
+        [prompt(r["question"], t) for r, t in zip(records, chosen)], seed=seed, progress=False)
+    rows = score_responses(records, [t.name if t else OWN_CHOICE for t in chosen], [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    for row, c, t in zip(rows, completions, chosen):
+        row.update(n_tokens=c.n_tokens, format="external", trajectory=t.name if t else row["trajectory"])
+    return rows
+
+
+def answer_plainly(model_dir: str, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
+                   seed: int) -> list[dict]:
+    """Vanilla SFT: the question alone in, a plain solution out."""
+    completions = _generator(model_dir, cfg).generate([plain_prompt(r["question"]) for r in records], seed=seed,
+                                                      progress=False)
+    rows = score_responses(records, ["cot"] * len(records), [c.text for c in completions],
+                           sandbox_limits(sandbox), sandbox.workers)
+    for row, c in zip(rows, completions):
+        row.update(n_tokens=c.n_tokens, format="vanilla", trajectory=None)
+    return rows
+
+
+@task(retries=2, retry_delay_seconds=1, task_run_name="evaluate {shard.name}")
+def evaluate_shard(shard: Shard, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
+                   seed: int) -> list[dict]:
+    """Score one shard. Runs in a Ray worker: it uses the CPUs Ray gave it, not every core of the machine."""
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    part = records[shard.start:shard.stop]
+    if shard.kind == "external":
+        root = Path(shard.model_dir).parent.parent  # shards carry absolute paths: Ray workers may run elsewhere
+        rows = answer_with_external_planner(str(root / PLANNER), str(root / SOLVER), part, cfg, sandbox, seed)
+    elif shard.kind == "vanilla":
+        rows = answer_plainly(shard.model_dir, part, cfg, sandbox, seed)
+    else:
+        rows = answer_in_formats(shard.model_dir, part, list(shard.formats), cfg, sandbox, seed)
+    return [{"model": shard.system, **r} for r in rows]
+
+
+def prefect_api_url() -> str:
+    """The Prefect API that Ray workers report task runs to: PREFECT_API_URL, or else this process's ephemeral
+    server (started now if need be). Without it every Ray worker would start an ephemeral server of its own."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.api_url)
+
+
+def task_runner(cfg: EvaluateParams):
+    """Ray (local with ``cfg.workers`` CPUs, or ``cfg.ray_address``); a one-thread pool for ``workers: 0``."""
+    if cfg.workers == 0:
+        return ThreadPoolTaskRunner(max_workers=1)
+    from prefect_ray import RayTaskRunner
+
+    env = {"PREFECT_API_URL": prefect_api_url(), "OMP_NUM_THREADS": "1"}
+    if cfg.ray_address:
+        return RayTaskRunner(address=cfg.ray_address, init_kwargs={"runtime_env": {"env_vars": env}})
+    return RayTaskRunner(init_kwargs={"num_cpus": cfg.workers, "include_dashboard": False, "log_to_driver": False,
+                                      "runtime_env": {"env_vars": env}})
+
+
+def run_shards(shards: list[Shard], records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
+               seed: int) -> list[list[dict]]:
+    """Every shard's rows, in shard order, computed on the configured task runner."""
+    gpus = 1 if torch.cuda.is_available() else 0
+
+    @flow(name="posttrain-evaluate", task_runner=task_runner(cfg), log_prints=True)
+    def evaluate_flow() -> list[list[dict]]:
+        if gpus and cfg.workers:
+            from prefect_ray.context import remote_options
+
+            with remote_options(num_gpus=gpus):
+                futures = [evaluate_shard.submit(s, records, cfg, sandbox, seed) for s in shards]
+        else:
+            futures = [evaluate_shard.submit(s, records, cfg, sandbox, seed) for s in shards]
+        return [f.result() for f in futures]
+
+    return evaluate_flow()

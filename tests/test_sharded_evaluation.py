@@ -1,0 +1,60 @@
+"""Sharded evaluation: shards are fixed by the data, Ray workers give the same rows as one in-process worker,
+and a failed shard is retried."""
+from pathlib import Path
+
+import pytest
+
+from posttrain import sharded_evaluation
+from posttrain.params import load_params
+from posttrain.sharded_evaluation import plan_shards, run_shards
+from tiny_model import tiny_scratch_model
+
+SMOKE = Path(__file__).resolve().parents[1] / "configs/params.smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model = tiny_scratch_model(tmp_path_factory.mktemp("tiny_eval"), n_problems=10, seed=7)
+    model.records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
+                     for i, p in enumerate(model.problems)]
+    return model
+
+
+def shards_for(tiny, size: int):
+    return plan_shards({"tiny": ("model", ("cot", "pot", "own_choice"))}, len(tiny.records), size,
+                       {"tiny": tiny.path})
+
+
+def test_shards_cover_every_job_once_whatever_the_size():
+    for size in (1, 3, 4, 100):
+        shards = plan_shards({"m": ("model", ("cot", "pot")), "v": ("vanilla", ())}, 10, size)
+        jobs = [(s.system, s.formats, i) for s in shards for i in range(s.start, s.stop)]
+        assert len(jobs) == len(set(jobs)) == 10 * 3
+        assert all(s.stop - s.start <= size for s in shards)
+
+
+def test_two_ray_workers_give_the_rows_of_one_in_process_worker(tiny):
+    params = load_params(SMOKE)
+    cfg = params.evaluate.model_copy(update={"max_new_tokens": 12, "batch_size": 4})
+    shards = shards_for(tiny, 4)
+    one = run_shards(shards, tiny.records, cfg.model_copy(update={"workers": 0}), params.sandbox, seed=0)
+    two = run_shards(shards, tiny.records, cfg.model_copy(update={"workers": 2}), params.sandbox, seed=0)
+    assert len(one) == len(shards) and sum(map(len, one)) == len(tiny.records) * 3
+    assert two == one
+
+
+def test_a_failed_shard_is_retried(tiny, monkeypatch):
+    params = load_params(SMOKE)
+    cfg = params.evaluate.model_copy(update={"max_new_tokens": 8, "batch_size": 4, "workers": 0})
+    real, calls = sharded_evaluation.answer_in_formats, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("worker lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sharded_evaluation, "answer_in_formats", flaky)
+    shards = shards_for(tiny, 10)[:1]
+    rows = run_shards(shards, tiny.records, cfg, params.sandbox, seed=0)
+    assert len(calls) == 2 and len(rows[0]) == len(tiny.records)
