@@ -111,7 +111,8 @@ def answer_plainly(model_dir: str, records: list[dict], cfg: EvaluateParams, san
 def evaluate_shard(shard: Shard, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
                    seed: int) -> list[dict]:
     """Score one shard. Runs in a Ray worker: it uses the CPUs Ray gave it, not every core of the machine."""
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    if "OMP_NUM_THREADS" in os.environ:  # a Ray worker: one thread per CPU Ray gave it, not one per core
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     part = records[shard.start:shard.stop]
     if shard.kind == "external":
         root = Path(shard.model_dir).parent.parent  # shards carry absolute paths: Ray workers may run elsewhere
