@@ -21,7 +21,7 @@ from posttrain.workspace import clone_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
-          "rlhf_routed", "rlvr_ar3po", "evaluate"]
+          "rlhf_routed", "rlvr_ar3po", "evaluate", "report"]
 SECRET = f"sk-posttrain-{secrets.token_hex(12)}"  # the judge API key of the smoke runs: it must leave no trace
 pytestmark = pytest.mark.e2e
 

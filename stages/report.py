@@ -1,0 +1,215 @@
+"""Stage `report`: reports/README.md, rebuilt on every repro from the stages' metrics and figures.
+
+One page that says in a minute what each method bought: test accuracy by stage and difficulty, the DOTS
+table (static trajectories vs the searched planner), reward-model calibration, the routing curve, RLVR's
+rollout cost, and the training curves from MLflow. Each table is also written as CSV under reports/report/,
+each figure is a PNG embedded in the markdown. A missing input (a stage not run yet) leaves its section out
+with a line saying so, never a crash.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from posttrain.atomic import atomic_write_text  # noqa: E402
+from posttrain.errors import stage_main  # noqa: E402
+from posttrain.params import load_params  # noqa: E402
+from posttrain.tracking import stage_run  # noqa: E402
+
+REPORTS = Path("reports")
+METRICS, OUT = REPORTS / "metrics", REPORTS / "report"
+README = REPORTS / "README.md"
+STAGES = [("warmup", "warm-up (own choice)"), ("sft_vanilla", "vanilla SFT"), ("dots_internal", "DOTS internalized (sft)"),
+          ("dots_external", "DOTS external planner"), ("rlhf", "routed RLHF"), ("rlvr", "RLVR (AR3PO)")]
+# the training curves: (stage run name, MLflow metric, label)
+CURVES = [("warmup", "loss", "warm-up loss"), ("sft", "loss", "SFT loss"), ("train_rm", "loss", "PM loss"),
+          ("rlhf_routed", "dev_accuracy", "routed RLHF dev accuracy"),
+          ("rlvr_ar3po", "rollout/reward_mean", "RLVR reward (verifier mean)")]
+
+
+def load(name: str) -> dict | None:
+    path = METRICS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def accuracy_by_stage(evaluate: dict, rlhf: dict | None, rlvr: dict | None) -> pd.DataFrame:
+    """One row per stage: own-choice test accuracy overall and per difficulty."""
+    rows = []
+    for key, label in STAGES:
+        summary = evaluate.get(key)
+        if key == "warmup" and summary:
+            summary = summary["by_format"].get("own_choice", summary)
+        if summary is None and key == "rlhf" and rlhf:
+            summary = rlhf["rlhf_test"]
+        if summary is None and key == "rlvr" and rlvr:
+            summary = rlvr["rlvr_test"]
+        if summary:
+            rows.append({"stage": label, "accuracy": summary["accuracy"],
+                         **{f"d{d}": a for d, a in sorted(summary["by_difficulty"].items(), key=lambda x: int(x[0]))}})
+    return pd.DataFrame(rows)
+
+
+def dots_table(evaluate: dict) -> pd.DataFrame:
+    """Every static trajectory of the warm-up solver beside the DOTS planners and vanilla SFT."""
+    rows = [{"policy": f"static {fmt}", "accuracy": fs["accuracy"]}
+            for fmt, fs in evaluate.get("warmup", {}).get("by_format", {}).items() if fmt != "own_choice"]
+    rows += [{"policy": label, "accuracy": evaluate[key]["accuracy"]} for key, label in STAGES[1:4] if key in evaluate]
+    return pd.DataFrame(rows).sort_values("accuracy", ascending=False)
+
+
+def plot_stages(table: pd.DataFrame, path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2))
+    left.barh(table["stage"], table["accuracy"], color="tab:blue")
+    for y, a in enumerate(table["accuracy"]):
+        left.text(a + 0.005, y, f"{a:.3f}", va="center", fontsize=8)
+    left.set(xlabel="test accuracy (own choice, greedy)", xlim=(0, 1))
+    left.invert_yaxis()
+    for _, row in table.iterrows():
+        ds = [c for c in table.columns if c.startswith("d")]
+        right.plot([int(c[1:]) for c in ds], [row[c] for c in ds], marker="o", label=row["stage"])
+    right.set(xlabel="difficulty (operations)", ylabel="test accuracy", ylim=(0, 1.02))
+    right.legend(fontsize=7)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle("What each stage bought")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_rollout_cost(rlvr: dict, path: Path) -> None:
+    curve = [{"step": 0, "responses": 0, "dev_accuracy": None}] + rlvr["dev_curve"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([c["responses"] for c in curve[1:]], [c["dev_accuracy"] for c in curve[1:]], marker="o",
+            label=f"{rlvr['algo']} dev accuracy")
+    ax.axhline(rlvr["sft_test"]["accuracy"], color="gray", ls="--", label="SFT (test)")
+    ax.set(xlabel="cumulative generated responses", ylabel="accuracy", title="RLVR: accuracy against rollout cost")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def training_curves(params, path: Path) -> list[str]:
+    """The latest finished run of each training stage, its curve from MLflow; returns the curves drawn."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=params.tracking.uri)
+    exp = client.get_experiment_by_name(params.tracking.experiment)
+    drawn = []
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
+    for ax, (stage, metric, label) in zip(axes, CURVES):
+        runs = client.search_runs([exp.experiment_id], f"tags.`posttrain.stage` = '{stage}' and "
+                                  "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                                  max_results=1) if exp else []
+        history = sorted(client.get_metric_history(runs[0].info.run_id, metric), key=lambda h: h.timestamp) \
+            if runs else []
+        # one stage run may hold several trainers logging the same metric (sft: planner, solver, vanilla):
+        # a step that goes back starts a new series
+        series: list[list] = []
+        for h in history:
+            if not series or h.step <= series[-1][-1].step:
+                series.append([])
+            series[-1].append(h)
+        for k, points in enumerate(series):
+            values = pd.Series([h.value for h in points])
+            smooth = values.rolling(10, min_periods=1).mean() if len(points) > 30 else values
+            ax.plot([h.step for h in points], smooth, lw=1.2, marker="o" if len(points) < 10 else None,
+                    label=f"trainer {k + 1}" if len(series) > 1 else None)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+        if history:
+            drawn.append(label)
+        ax.set(title=label, xlabel="step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return drawn
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    fmt = [lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)] * len(cols)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(f(v) for f, v in zip(fmt, row)) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def build_report(params) -> str:
+    """The markdown of reports/README.md (figures and CSVs written beside it under reports/report/)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    evaluate, rlhf, rlvr, rm = load("evaluate") or {}, load("rlhf_routed"), load("rlvr_ar3po"), load("train_rm")
+    parts = ["# Reports\n", "Generated by the `report` stage on every `dvc repro` (stages/report.py); do not edit.\n"]
+
+    stages = accuracy_by_stage(evaluate, rlhf, rlvr)
+    if not stages.empty:
+        stages.to_csv(OUT / "accuracy_by_stage.csv", index=False)
+        plot_stages(stages, OUT / "accuracy_by_stage.png")
+        parts += ["## Accuracy by stage\n", "Test split, greedy, the policy choosing its own trajectory "
+                  "([CSV](report/accuracy_by_stage.csv)).\n", markdown_table(stages),
+                  "\n![accuracy by stage](report/accuracy_by_stage.png)\n"]
+    if evaluate.get("warmup"):
+        dots = dots_table(evaluate)
+        dots.to_csv(OUT / "dots.csv", index=False)
+        parts += ["## DOTS: searched trajectories vs every static one\n", markdown_table(dots),
+                  "\n![optimal trajectories](dots/optimal_trajectories.png)\n",
+                  "![accuracy by difficulty and format](evaluate/accuracy_by_difficulty.png)\n"]
+    if rm:
+        table = pd.DataFrame([
+            {"model": "pairwise PM", "accuracy": rm["pm_accuracy"], "ECE raw": rm["pm_ece_raw"],
+             "ECE calibrated": rm["pm_ece_calibrated"], "Spearman(u, correct)": rm["spearman_uncertainty_correct"]},
+            {"model": "pointwise RM", "accuracy": rm["pointwise_accuracy"], "ECE raw": rm["pointwise_ece"],
+             "ECE calibrated": float("nan"), "Spearman(u, correct)": float("nan")}])
+        table.to_csv(OUT / "reward_model.csv", index=False)
+        parts += ["## Reward model calibration\n", markdown_table(table),
+                  "\n![reliability](rm/reliability.png) ![accuracy by uncertainty decile]"
+                  "(rm/accuracy_by_uncertainty_decile.png)\n"]
+    if rlhf:
+        budgets = pd.DataFrame([{"judge budget": float(b), "uncertainty": v["uncertainty"], "random": v["random_mean"],
+                                 "random std": v["random_std"]} for b, v in rlhf["routing"]["budgets"].items()])
+        budgets.to_csv(OUT / "routing.csv", index=False)
+        parts += ["## Routing: preference accuracy against judge calls\n", markdown_table(budgets),
+                  f"\nRouted RLHF: test {rlhf['sft_test']['accuracy']:.3f} (SFT) -> {rlhf['rlhf_test']['accuracy']:.3f}, "
+                  f"{rlhf['judge_calls']:.0f} judge calls, ${rlhf['judge_cost']:.4f}.\n",
+                  "![routing curve](routing/routing_curve.png)\n"]
+    if rlvr:
+        plot_rollout_cost(rlvr, OUT / "rollout_cost.png")
+        pd.DataFrame(rlvr["dev_curve"]).to_csv(OUT / "rollout_cost.csv", index=False)
+        parts += ["## RLVR rollout cost\n",
+                  f"`{rlvr['algo']}`: test {rlvr['sft_test']['accuracy']:.3f} (SFT) -> {rlvr['rlvr_test']['accuracy']:.3f}; "
+                  f"{rlvr['rollout']['responses']} responses ({rlvr['responses_per_prompt']:.2f} per prompt), "
+                  f"zero-advantage share {rlvr['zero_advantage_share']:.2f}, generation {rlvr['generation_share']:.0%} "
+                  "of step time ([CSV](report/rollout_cost.csv)).\n", "![rollout cost](report/rollout_cost.png)\n"]
+    drawn = training_curves(params, OUT / "training_curves.png")
+    if drawn:
+        parts += ["## Training curves\n", f"From MLflow, the latest run of each stage: {', '.join(drawn)} "
+                  "(long series smoothed over 10 steps).\n",
+                  "![training curves](report/training_curves.png)\n"]
+    parts += ["## Files\n", "- `metrics/*.json`: each stage's DVC metrics; `plots/accuracy_by_difficulty.csv`: DVC "
+              "plot data (`python3 -m dvc plots show`).\n- `evaluate/responses.jsonl`: every test answer and its "
+              "verdict (DVC-cached, git-ignored).\n- `report/`: this page's figures and tables (CSV).\n"]
+    return "\n".join(parts)
+
+
+@stage_main
+def main() -> None:
+    params = load_params()
+    with stage_run("report", params, sections=["seed"]):
+        import mlflow
+
+        atomic_write_text(README, build_report(params))
+        mlflow.log_artifact(str(README), "report")
+        mlflow.log_artifacts(str(OUT), "report")
+        print(f"report: wrote {README} and {len(list(OUT.iterdir()))} files under {OUT}")
+
+
+if __name__ == "__main__":
+    main()
