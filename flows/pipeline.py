@@ -8,6 +8,10 @@ the flow returns the final evaluation metrics.
 Runs with no Prefect server (ephemeral) or against one (set PREFECT_API_URL):
 
     python -m flows.pipeline            # or: posttrain run
+    python -m flows.serve               # deployments for the Prefect UI (parameters, schedule); see README
+
+``profile`` (a params file, e.g. configs/params.smoke.yaml) and ``overrides`` (dotted keys) rewrite params.yaml
+before the stages run, as ``dvc exp run --set-param`` would; without them params.yaml is used as it is.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from posttrain.orchestration import apply_prefect_settings
 
@@ -26,7 +31,7 @@ import mlflow  # noqa: E402
 import networkx as nx  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from posttrain.params import load_params  # noqa: E402
+from posttrain.params import load_params, with_overrides  # noqa: E402
 from posttrain.tracking import PARENT_ENV, configure, git_state  # noqa: E402
 
 METRICS = Path("reports/metrics/evaluate.json")
@@ -62,9 +67,13 @@ def run_stage(name: str, parent_run_id: str) -> dict:
 
 
 @flow(name="posttrain-pipeline", log_prints=True)
-def pipeline(stages: list[str] | None = None) -> dict:
-    """Run the pipeline (or the named stages, in graph order); return the final metrics."""
-    params = load_params()
+def pipeline(stages: list[str] | None = None, profile: str | None = None,
+             overrides: dict[str, Any] | None = None) -> dict:
+    """Run the pipeline (or the named stages, in graph order); return the final metrics.
+
+    ``profile``: a params file to start from (default: params.yaml as it is); ``overrides``: dotted keys set on it
+    (``{"rlhf.budget": 0.2}``). Either one rewrites params.yaml before the stages run."""
+    params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
     order = [s for s in stage_order() if stages is None or s in stages]
     experiment_id = configure(params)
     with mlflow.start_run(experiment_id=experiment_id, run_name="pipeline",

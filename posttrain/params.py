@@ -340,6 +340,29 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return parse_params(raw, str(path))
 
 
+def with_overrides(base: str | Path, overrides: dict[str, object] | None, out: str | Path = "params.yaml") -> Params:
+    """Write ``base`` (a params file) with dotted ``overrides`` (``{"rlhf.budget": 0.2}``) applied to ``out``,
+    after validating the result; as ``dvc exp run --set-param`` does, the workspace's params.yaml changes.
+
+    A key that names no existing parameter is an error naming it (a typo must not start a long run)."""
+    raw = yaml.safe_load(Path(base).read_text(encoding="utf-8"))
+    for dotted, value in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise ParamsError(f"override {dotted!r}: no section {key!r} in {base}")
+            node = node[key]
+        if leaf not in node:
+            raise ParamsError(f"override {dotted!r}: no parameter {leaf!r} in {base}")
+        node[leaf] = value
+    params = parse_params(raw, f"{base} with overrides {sorted(overrides or {})}")
+    tmp = Path(out).with_suffix(".yaml.tmp")
+    tmp.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    tmp.replace(out)
+    return params
+
+
 def flatten(section: BaseModel | dict, prefix: str = "") -> dict[str, object]:
     """``{'a': {'b': 1}}`` -> ``{'a.b': 1}``, for MLflow params."""
     data = section.model_dump() if isinstance(section, BaseModel) else section

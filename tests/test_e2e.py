@@ -289,6 +289,37 @@ def test_prefect_flow_runs_the_pipeline(tmp_path):
         flow_runs = json.loads(urllib.request.urlopen(req, timeout=10).read())
         # the server shares Prefect's state in the workspace: it shows the earlier ephemeral run too
         assert [r["state_type"] for r in flow_runs] == ["COMPLETED", "COMPLETED"]
+        check_deployment_runs_from_the_api(repo, env, api)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def api_call(url: str, body: dict | None = None, method: str = "POST"):
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method=method,
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=10).read())
+
+
+def check_deployment_runs_from_the_api(repo: Path, env: dict, api: str) -> None:
+    """`flows.serve` registers the deployments; a run created through the API (as the UI's Run button does)
+    with parameters is picked up by the serving process and completes."""
+    serving = subprocess.Popen([sys.executable, "-m", "flows.serve", "--cron", ""], cwd=repo, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline, deployment = time.time() + 120, None
+        while deployment is None and time.time() < deadline:
+            found = [d for d in api_call(f"{api}/deployments/filter") if d["name"] == "default"]
+            deployment = found[0] if found else time.sleep(1)
+        assert deployment is not None, "the deployment never registered"
+        run = api_call(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                       {"parameters": {"stages": ["prepare", "base_model"], "overrides": {"prepare.n_dev": 12}}})
+        deadline, state = time.time() + 300, None
+        while time.time() < deadline and state not in ("COMPLETED", "FAILED", "CRASHED"):
+            time.sleep(2)
+            state = api_call(f"{api}/flow_runs/{run['id']}", method="GET")["state_type"]
+        assert state == "COMPLETED", state
+        assert yaml.safe_load((repo / "params.yaml").read_text())["prepare"]["n_dev"] == 12  # the override applied
+    finally:
+        os.killpg(serving.pid, signal.SIGTERM)
+        serving.wait(timeout=30)

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from posttrain.cli import main as cli
-from posttrain.params import ParamsError, load_params, parse_params
+from posttrain.params import ParamsError, load_params, parse_params, with_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,3 +80,15 @@ def test_check_params_command(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(r))
     assert cli(["check-params", str(bad)]) == 2
     assert "prepare.n_train: got -1, expected greater than or equal to 1" in capsys.readouterr().err
+
+
+def test_overrides_are_validated_and_written(tmp_path):
+    out = tmp_path / "params.yaml"
+    params = with_overrides(ROOT / "configs/params.smoke.yaml", {"rlhf.budget": 0.2, "seed": 3}, out)
+    assert params.rlhf.budget == 0.2 and params.seed == 3
+    assert load_params(out).rlhf.budget == 0.2
+    with pytest.raises(ParamsError, match="rlhf.budgt"):
+        with_overrides(ROOT / "configs/params.smoke.yaml", {"rlhf.budgt": 0.2}, out)
+    with pytest.raises(ParamsError, match="budget"):
+        with_overrides(ROOT / "configs/params.smoke.yaml", {"rlhf.budget": "lots"}, out)
+    assert load_params(out).rlhf.budget == 0.2  # a bad override leaves the file as it was

@@ -1,0 +1,43 @@
+"""Prefect deployments of the pipeline, served from this repository, so runs are started and scheduled from the
+Prefect UI (or its API) with their parameters: ``stages``, ``profile``, ``overrides``.
+
+    posttrain ui prefect &                                  # the UI and API on http://127.0.0.1:4200
+    PREFECT_API_URL=http://127.0.0.1:4200/api python3 -m flows.serve [--cron "0 3 * * *"]
+
+Two deployments: ``posttrain-pipeline/default`` (params.yaml as it is, on the cron schedule, daily at 03:00 by
+default) and ``posttrain-pipeline/smoke`` (the smoke profile, unscheduled: a quick check from the UI). The
+serving process runs each flow run here, in this checkout; stop it with Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+
+from posttrain.orchestration import apply_prefect_settings
+
+apply_prefect_settings()
+
+from prefect import serve  # noqa: E402
+
+from flows.pipeline import pipeline  # noqa: E402
+
+
+def deployments(cron: str | None):
+    return [
+        pipeline.to_deployment(name="default", cron=cron, tags=["posttrain"],
+                               parameters={"stages": None, "profile": None, "overrides": {}},
+                               description="The DVC pipeline with params.yaml; override any key from the UI."),
+        pipeline.to_deployment(name="smoke", tags=["posttrain", "smoke"],
+                               parameters={"stages": None, "profile": "configs/params.smoke.yaml", "overrides": {}},
+                               description="The smoke profile (minutes): rewrites params.yaml to it first."),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cron", default="0 3 * * *", help="schedule of the default deployment ('' = none)")
+    args = ap.parse_args(argv)
+    serve(*deployments(args.cron or None))
+
+
+if __name__ == "__main__":
+    main()
