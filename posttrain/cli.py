@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ui = sub.add_parser("ui", help="start a UI on loopback")
     ui.add_argument("which", choices=["mlflow", "prefect"])
     ui.add_argument("--port", type=int, default=None)
+    sweep = sub.add_parser("sweep", help="run an ablation sweep file as DVC experiments (flows/sweep.py)")
+    sweep.add_argument("file", help="e.g. configs/sweeps/routing.yaml")
     judge = sub.add_parser("judge", help="the local judge service")
     judge.add_argument("action", choices=["serve"])
     judge.add_argument("--port", type=int, default=8000)
@@ -75,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{stage['stage']}: {'ran' if stage['ran'] else 'unchanged'} ({stage['seconds']} s)")
         for model, summary in result["metrics"].items():
             print(f"{model}: test accuracy {summary['accuracy']:.3f}")
+        return 0
+    if args.command == "sweep":
+        apply_prefect_settings()
+        from flows.sweep import sweep as run_sweep
+
+        try:
+            result = run_sweep(args.file)
+        except ParamsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"report: {result['report']}")
         return 0
     if args.command == "judge":
         return serve_judge(args.port)

@@ -3,7 +3,8 @@
 Tags on each run: ``posttrain.stage``, ``git.commit``, ``git.dirty``, and for each DVC dependency and
 output of the stage ``dvc.dep.<path>`` / ``dvc.out.<path>`` = its md5, computed with DVC's own hashing
 (so the values are the ones ``dvc.lock`` records). When ``POSTTRAIN_PARENT_RUN_ID`` is set (the Prefect
-flow sets it) the run nests under that pipeline run.
+flow sets it) the run nests under that pipeline run; ``POSTTRAIN_SWEEP`` / ``POSTTRAIN_VARIANT`` (set by
+flows/sweep.py) become the tags ``posttrain.sweep`` / ``posttrain.variant``.
 
 Example:
     >>> with stage_run("prepare", params, sections=["seed", "task", "prepare"]) as run:   # doctest: +SKIP
@@ -23,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from posttrain.params import Params, flatten
 
 PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
+SWEEP_ENV, VARIANT_ENV = "POSTTRAIN_SWEEP", "POSTTRAIN_VARIANT"  # set by flows/sweep.py for each variant
 log = logging.getLogger(__name__)
 
 
@@ -87,6 +89,8 @@ def stage_run(stage: str, params: Params, sections: list[str]):
     tags = {"posttrain.stage": stage, **git_state(), **dvc_hashes(stage, "dep")}
     if parent:
         tags["mlflow.parentRunId"] = parent
+    if os.environ.get(SWEEP_ENV):
+        tags.update({"posttrain.sweep": os.environ[SWEEP_ENV], "posttrain.variant": os.environ.get(VARIANT_ENV, "")})
     with mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags) as run:
         logged = {}
         for name in sections:

@@ -1,0 +1,157 @@
+"""Ablation sweeps: every variant of a sweep file run as a DVC experiment, tagged in MLflow, and summarised.
+
+A sweep file (configs/sweeps/*.yaml) names the sweep, the stages to reproduce, a grid of dotted params and
+the metrics to tabulate (``<stage metrics file>:<dotted key>``)::
+
+    name: rlvr
+    targets: [rlvr_ar3po]
+    grid: {rlvr.algo: [ar3po, grpo, dapo], seed: [0, 1, 2]}
+    metrics: ["rlvr_ar3po:rlvr_test.accuracy", "rlvr_ar3po:rollout.responses"]
+
+Each variant is ``dvc exp run <targets> -S key=value ... --name <sweep>-<i>`` in this workspace, one after
+another (variants share the DVC cache and the MLflow store, and a stage a variant does not change is not re-run);
+every stage run it makes carries the MLflow tags ``posttrain.sweep`` and ``posttrain.variant``, so the MLflow
+compare view shows the variants side by side. Afterwards params.yaml is restored, and
+reports/sweeps/<name>.md (+ .csv, .png) holds each variant's metrics and, over seeds, their mean and spread.
+
+    python3 -m flows.sweep configs/sweeps/routing.yaml      # or: posttrain sweep configs/sweeps/routing.yaml
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from posttrain.orchestration import apply_prefect_settings
+
+apply_prefect_settings()
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+from prefect import flow, get_run_logger, task  # noqa: E402
+
+from posttrain.params import ParamsError, with_overrides  # noqa: E402
+from posttrain.tracking import SWEEP_ENV, VARIANT_ENV  # noqa: E402
+
+OUT = Path("reports/sweeps")
+
+
+class SweepSpec(BaseModel, extra="forbid"):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="sweep name: MLflow tag, experiment prefix, report file")
+    targets: list[str] = Field(default_factory=list, description="stages to reproduce (default: the whole pipeline)")
+    grid: dict[str, list[Any]] = Field(min_length=1, description="dotted param -> values; variants = their product")
+    metrics: list[str] = Field(min_length=1, description="'<stage>:<dotted key>' in reports/metrics/<stage>.json")
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep file; every grid key must name an existing parameter."""
+    try:
+        spec = SweepSpec.model_validate(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError, ValueError) as e:
+        raise ParamsError(f"{path}: {e}") from None
+    probe = {key: values[0] for key, values in spec.grid.items()}
+    with_overrides("params.yaml", probe, out=Path(".dvc/tmp/sweep-probe.yaml"))  # raises naming a bad key
+    return spec
+
+
+def variants(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The grid's cartesian product, in file order."""
+    keys = list(spec.grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(spec.grid[k] for k in keys))]
+
+
+def read_metric(ref: str) -> float | None:
+    stage, dotted = ref.split(":", 1)
+    path = Path("reports/metrics") / f"{stage}.json"
+    value: Any = json.loads(path.read_text()) if path.exists() else None
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+@task(task_run_name="{label}")
+def run_variant(spec: SweepSpec, label: str, overrides: dict[str, Any]) -> dict:
+    """``dvc exp run`` one variant; its metrics as the workspace holds them right after."""
+    logger = get_run_logger()
+    sets = [a for k, v in overrides.items() for a in ("-S", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")]
+    env = {**os.environ, SWEEP_ENV: spec.name, VARIANT_ENV: label,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *spec.targets, *sets, "--name", label],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"variant {label} failed (exit {proc.returncode}):\n{tail}")
+    row = {"variant": label, **overrides, **{m: read_metric(m) for m in spec.metrics},
+           "seconds": round(time.perf_counter() - start, 1)}
+    logger.info("%s: %s", label, {m: row[m] for m in spec.metrics})
+    return row
+
+
+def summarise(spec: SweepSpec, rows: list[dict]) -> pd.DataFrame:
+    """Mean and standard deviation of each metric over seeds, per setting of the other grid keys."""
+    df = pd.DataFrame(rows)
+    group = [k for k in spec.grid if k != "seed"]
+    if not group:
+        return df[spec.metrics].agg(["mean", "std"]).T.reset_index(names="metric")
+    agg = df.groupby(group, sort=False)[spec.metrics].agg(["mean", "std", "count"])
+    agg.columns = [f"{m} {stat}" for m, stat in agg.columns]
+    return agg.reset_index()
+
+
+def write_report(spec: SweepSpec, rows: list[dict]) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    df, summary = pd.DataFrame(rows), summarise(spec, rows)
+    df.to_csv(OUT / f"{spec.name}.csv", index=False)
+    group = [k for k in spec.grid if k != "seed"]
+    fig, axes = plt.subplots(1, len(spec.metrics), figsize=(5 * len(spec.metrics), 3.8), squeeze=False)
+    for ax, metric in zip(axes[0], spec.metrics):
+        labels = [" / ".join(str(r[k]) for k in group) or "all" for _, r in summary.iterrows()] if group else ["all"]
+        means = summary[f"{metric} mean"] if group else [df[metric].mean()]
+        stds = summary[f"{metric} std"].fillna(0) if group else [df[metric].std()]
+        ax.bar(labels, means, yerr=stds, capsize=4, color="tab:blue", alpha=0.8)
+        ax.set(title=metric, ylabel="mean over seeds (bar: std)")
+        ax.tick_params(axis="x", rotation=20)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"sweep {spec.name}: {len(rows)} variants")
+    fig.tight_layout()
+    fig.savefig(OUT / f"{spec.name}.png", dpi=110)
+    plt.close(fig)
+    md = [f"# Sweep `{spec.name}`\n", f"{len(rows)} variants of {', '.join(spec.grid)}; stages "
+          f"{', '.join(spec.targets) or 'all'}. MLflow: filter `tags.\"posttrain.sweep\" = '{spec.name}'`.\n",
+          "## Mean and spread over seeds\n", summary.to_markdown(index=False, floatfmt=".4f"),
+          f"\n![{spec.name}]({spec.name}.png)\n", "## Every variant\n", df.to_markdown(index=False, floatfmt=".4f")]
+    path = OUT / f"{spec.name}.md"
+    path.write_text("\n".join(md) + "\n", encoding="utf-8")
+    return path
+
+
+@flow(name="posttrain-sweep", log_prints=True)
+def sweep(sweep_file: str) -> dict:
+    """Run every variant of ``sweep_file`` as a DVC experiment; write reports/sweeps/<name>.md."""
+    spec = load_sweep(sweep_file)
+    original = Path("params.yaml").read_text(encoding="utf-8")
+    rows = []
+    try:
+        for i, overrides in enumerate(variants(spec)):
+            rows.append(run_variant(spec, f"{spec.name}-{i}", overrides))
+    finally:  # the workspace goes back to its own params (the experiments stay in `dvc exp show`)
+        Path("params.yaml").write_text(original, encoding="utf-8")
+    report = write_report(spec, rows)
+    print(f"sweep {spec.name}: {len(rows)} variants -> {report}")
+    return {"report": str(report), "rows": rows}
+
+
+if __name__ == "__main__":
+    sweep(sys.argv[1])
