@@ -8,11 +8,15 @@ the metrics to tabulate (``<stage metrics file>:<dotted key>``)::
     grid: {rlvr.algo: [ar3po, grpo, dapo], seed: [0, 1, 2]}
     metrics: ["rlvr_ar3po:rlvr_test.accuracy", "rlvr_ar3po:rollout.responses"]
 
-Each variant is ``dvc exp run <targets> -S key=value ... --name <sweep>-<i>`` in this workspace, one after
-another (variants share the DVC cache and the MLflow store, and a stage a variant does not change is not re-run);
-every stage run it makes carries the MLflow tags ``posttrain.sweep`` and ``posttrain.variant``, so the MLflow
-compare view shows the variants side by side. Afterwards params.yaml is restored, and
-reports/sweeps/<name>.md (+ .csv, .png) holds each variant's metrics and, over seeds, their mean and spread.
+Each variant is a DVC experiment run in this workspace, one after another (variants share the DVC cache and the
+MLflow store). With ``targets``, it is ``dvc exp run --force --single-item <targets> -S key=value ...``: exactly
+the target stages re-run, forced (so every variant has its own runs, even one equal to the workspace or to a
+run DVC has cached), on the workspace's upstream outputs; a ``seed`` in the grid is then the seed of the
+targets only, not a new dataset. Without ``targets`` the whole pipeline is reproduced as far as the overrides
+reach. Every stage run carries the MLflow tags ``posttrain.sweep`` and ``posttrain.variant``, so the MLflow
+compare view shows the variants side by side; reports/sweeps/<name>.md (+ .csv, .png) holds each variant's
+metrics and, over seeds, their mean and spread. As after any ``dvc exp run``, the workspace then holds the last
+variant: ``git checkout params.yaml dvc.lock reports && python3 -m dvc checkout`` returns to where it was.
 
     python3 -m flows.sweep configs/sweeps/routing.yaml      # or: posttrain sweep configs/sweeps/routing.yaml
 """
@@ -49,7 +53,8 @@ OUT = Path("reports/sweeps")
 
 class SweepSpec(BaseModel, extra="forbid"):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="sweep name: MLflow tag, experiment prefix, report file")
-    targets: list[str] = Field(default_factory=list, description="stages to reproduce (default: the whole pipeline)")
+    targets: list[str] = Field(default_factory=list,
+                               description="stages each variant re-runs, forced (default: the whole pipeline, as needed)")
     grid: dict[str, list[Any]] = Field(min_length=1, description="dotted param -> values; variants = their product")
     metrics: list[str] = Field(min_length=1, description="'<stage>:<dotted key>' in reports/metrics/<stage>.json")
 
@@ -88,7 +93,8 @@ def run_variant(spec: SweepSpec, label: str, overrides: dict[str, Any]) -> dict:
     env = {**os.environ, SWEEP_ENV: spec.name, VARIANT_ENV: label,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *spec.targets, *sets, "--name", label],
+    which = ["--force", "--single-item", *spec.targets] if spec.targets else []
+    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *which, *sets, "--name", label],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
@@ -141,15 +147,10 @@ def write_report(spec: SweepSpec, rows: list[dict]) -> Path:
 def sweep(sweep_file: str) -> dict:
     """Run every variant of ``sweep_file`` as a DVC experiment; write reports/sweeps/<name>.md."""
     spec = load_sweep(sweep_file)
-    original = Path("params.yaml").read_text(encoding="utf-8")
-    rows = []
-    try:
-        for i, overrides in enumerate(variants(spec)):
-            rows.append(run_variant(spec, f"{spec.name}-{i}", overrides))
-    finally:  # the workspace goes back to its own params (the experiments stay in `dvc exp show`)
-        Path("params.yaml").write_text(original, encoding="utf-8")
+    rows = [run_variant(spec, f"{spec.name}-{i}", overrides) for i, overrides in enumerate(variants(spec))]
     report = write_report(spec, rows)
-    print(f"sweep {spec.name}: {len(rows)} variants -> {report}")
+    print(f"sweep {spec.name}: {len(rows)} variants -> {report}; the workspace holds the last variant "
+          "(`python3 -m dvc exp show` lists them all)")
     return {"report": str(report), "rows": rows}
 
 

@@ -323,3 +323,23 @@ def check_deployment_runs_from_the_api(repo: Path, env: dict, api: str) -> None:
     finally:
         os.killpg(serving.pid, signal.SIGTERM)
         serving.wait(timeout=30)
+
+
+def test_sweep_runs_each_variant_as_an_experiment_and_mlflow_compares_them(repro):
+    repo, _ = repro
+    (repo / "sweep.yaml").write_text(yaml.safe_dump({
+        "name": "algos", "targets": ["rlvr_ar3po"], "grid": {"rlvr.algo": ["grpo", "ar3po"]},
+        "metrics": ["rlvr_ar3po:rlvr_test.accuracy", "rlvr_ar3po:rollout.responses"]}))
+    run([sys.executable, "-m", "flows.sweep", "sweep.yaml"], repo)
+    report = (repo / "reports/sweeps/algos.md").read_text()
+    assert "algos-0" in report and "algos-1" in report and (repo / "reports/sweeps/algos.png").stat().st_size > 0
+    # MLflow's compare view: every variant's stage run, tagged, with its params and metrics
+    runs = [r for r in mlflow_runs(repo) if r.data.tags.get("posttrain.sweep") == "algos"
+            and r.data.tags["posttrain.stage"] == "rlvr_ar3po"]
+    by_variant = {r.data.tags["posttrain.variant"]: r for r in runs}
+    assert sorted(by_variant) == ["algos-0", "algos-1"]
+    assert by_variant["algos-0"].data.params["rlvr.algo"] == "grpo"
+    assert by_variant["algos-1"].data.params["rlvr.algo"] == "ar3po"
+    assert all("rlvr_test_accuracy" in r.data.metrics for r in runs)
+    exps = run([sys.executable, "-m", "dvc", "exp", "show", "--json"], repo)
+    assert "algos-0" in exps and "algos-1" in exps
