@@ -135,14 +135,6 @@ def training_curves(params, path: Path) -> list[str]:
     return drawn
 
 
-def markdown_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    fmt = [lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)] * len(cols)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(f(v) for f, v in zip(fmt, row)) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
-
-
 def build_report(params) -> str:
     """The markdown of reports/README.md (figures and CSVs written beside it under reports/report/)."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -154,12 +146,12 @@ def build_report(params) -> str:
         stages.to_csv(OUT / "accuracy_by_stage.csv", index=False)
         plot_stages(stages, OUT / "accuracy_by_stage.png")
         parts += ["## Accuracy by stage\n", "Test split, greedy, the policy choosing its own trajectory "
-                  "([CSV](report/accuracy_by_stage.csv)).\n", markdown_table(stages),
+                  "([CSV](report/accuracy_by_stage.csv)).\n", stages.to_markdown(index=False, floatfmt=".3f"),
                   "\n![accuracy by stage](report/accuracy_by_stage.png)\n"]
     if evaluate.get("warmup"):
         dots = dots_table(evaluate)
         dots.to_csv(OUT / "dots.csv", index=False)
-        parts += ["## DOTS: searched trajectories vs every static one\n", markdown_table(dots),
+        parts += ["## DOTS: searched trajectories vs every static one\n", dots.to_markdown(index=False, floatfmt=".3f"),
                   "\n![optimal trajectories](dots/optimal_trajectories.png)\n",
                   "![accuracy by difficulty and format](evaluate/accuracy_by_difficulty.png)\n"]
     if rm:
@@ -169,14 +161,14 @@ def build_report(params) -> str:
             {"model": "pointwise RM", "accuracy": rm["pointwise_accuracy"], "ECE raw": rm["pointwise_ece"],
              "ECE calibrated": float("nan"), "Spearman(u, correct)": float("nan")}])
         table.to_csv(OUT / "reward_model.csv", index=False)
-        parts += ["## Reward model calibration\n", markdown_table(table),
+        parts += ["## Reward model calibration\n", table.to_markdown(index=False, floatfmt=".3f"),
                   "\n![reliability](rm/reliability.png) ![accuracy by uncertainty decile]"
                   "(rm/accuracy_by_uncertainty_decile.png)\n"]
     if rlhf:
         budgets = pd.DataFrame([{"judge budget": float(b), "uncertainty": v["uncertainty"], "random": v["random_mean"],
                                  "random std": v["random_std"]} for b, v in rlhf["routing"]["budgets"].items()])
         budgets.to_csv(OUT / "routing.csv", index=False)
-        parts += ["## Routing: preference accuracy against judge calls\n", markdown_table(budgets),
+        parts += ["## Routing: preference accuracy against judge calls\n", budgets.to_markdown(index=False, floatfmt=".3f"),
                   f"\nRouted RLHF: test {rlhf['sft_test']['accuracy']:.3f} (SFT) -> {rlhf['rlhf_test']['accuracy']:.3f}, "
                   f"{rlhf['judge_calls']:.0f} judge calls, ${rlhf['judge_cost']:.4f}.\n",
                   "![routing curve](routing/routing_curve.png)\n"]
