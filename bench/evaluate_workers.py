@@ -39,7 +39,7 @@ def main() -> None:
         if workers == 0:
             os.environ["OMP_NUM_THREADS"] = "1"  # the same one thread per shard that a Ray worker has
         start = time.perf_counter()
-        rows[label] = run_shards(shards, records, cfg, params.sandbox, params.seed)
+        rows[label] = run_shards(shards, records, params.model_copy(update={"evaluate": cfg}))
         runs[label] = time.perf_counter() - start
         os.environ.pop("OMP_NUM_THREADS", None)
         print(f"{label}: {runs[label]:.1f} s for {len(shards)} shards")

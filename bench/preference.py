@@ -20,7 +20,8 @@ from posttrain.params import load_params
 from posttrain.tracking import bench_run
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import train_preference_model
-from stages.train_rm import BENCHMARK, PAIRS, SFT, benchmark_report, read_jsonl
+from posttrain.jsonl import read_jsonl
+from stages.train_rm import BENCHMARK, PAIRS, SFT, benchmark_report
 
 OUT = Path("reports/bench/preference.json")
 KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "spearman_uncertainty_correct",

@@ -24,7 +24,8 @@ from posttrain.params import load_params
 from posttrain.preference_model import PreferenceModel
 from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy
 from posttrain.tracking import bench_run
-from stages.rlhf_routed import DATA, PM_DIR, POLICY, read_jsonl
+from posttrain.jsonl import read_jsonl
+from stages.rlhf_routed import DATA, PM_DIR, POLICY
 
 OUT = Path("reports/bench/rlhf_downstream.json")
 ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")

@@ -26,7 +26,8 @@ import mlflow  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.rlhf import own_choice_accuracy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
-from stages.rlvr_ar3po import DATA, POLICY, read_jsonl, train_rlvr  # noqa: E402
+from posttrain.jsonl import read_jsonl  # noqa: E402
+from stages.rlvr_ar3po import DATA, POLICY, train_rlvr  # noqa: E402
 
 OUT = Path("reports/rlvr")
 

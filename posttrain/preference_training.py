@@ -40,7 +40,7 @@ def _training_args(cfg: RewardModelParams, out: Path, seed: int, max_steps: int,
                 gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
                 lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
                 logging_steps=cfg.logging_steps, save_steps=cfg.save_steps, save_total_limit=2, seed=seed,
-                data_seed=seed, **device_args(), report_to=["mlflow"],
+                data_seed=seed, **device_args(cfg.deepspeed), report_to=["mlflow"],
                 dataloader_num_workers=0, **extra)
 
 

@@ -124,7 +124,7 @@ def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, scale_rewards="none",
         logging_steps=1, save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed,
-        report_to=["mlflow"], **device_args(), dataloader_num_workers=0)
+        report_to=["mlflow"], **device_args(cfg.deepspeed), dataloader_num_workers=0)
 
 
 def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[dict], dev: list[dict], params,

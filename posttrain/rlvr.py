@@ -65,7 +65,7 @@ def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon, loss_type="dapo",
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, logging_steps=1,
         save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed, report_to=["mlflow"],
-        dataloader_num_workers=0, **device_args())
+        dataloader_num_workers=0, **device_args(cfg.deepspeed))
 
 
 class RLVRTrainer(GRPOTrainer):

@@ -139,7 +139,7 @@ def train_policy(init_model: str, samples: list[dict], cfg, out: str, seed: int)
                      per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
                      learning_rate=cfg.learning_rate, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio,
                      weight_decay=cfg.weight_decay, max_length=cfg.max_length, logging_steps=cfg.logging_steps,
-                     save_strategy="no", seed=seed, data_seed=seed, report_to=[], **device_args())
+                     save_strategy="no", seed=seed, data_seed=seed, report_to=[], **device_args(cfg.deepspeed))
     trainer_cls = SePPOTrainer if cfg.loss == "seppo" else PerRowReferenceDPOTrainer
     tokenizer = AutoTokenizer.from_pretrained(init_model)
     trainer = trainer_cls(model=init_model, args=args, train_dataset=pairs_dataset(samples), processing_class=tokenizer)

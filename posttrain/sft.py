@@ -49,7 +49,7 @@ def sft_config(cfg: WarmupParams, output_dir: Path, seed: int, keep_all: bool = 
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
         max_length=cfg.max_length, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
-        save_total_limit=None if keep_all else 2, seed=seed, data_seed=seed, **device_args(),
+        save_total_limit=None if keep_all else 2, seed=seed, data_seed=seed, **device_args(cfg.deepspeed),
         report_to=["mlflow"],
         dataloader_num_workers=0, train_sampling_strategy="group_by_length", dataset_num_proc=2,
     )

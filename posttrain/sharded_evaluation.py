@@ -23,9 +23,8 @@ from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
-from posttrain.generation import HFGenerator
-from posttrain.modeling import load_pretrained
-from posttrain.params import EvaluateParams, SandboxParams
+from posttrain.generation import open_generator
+from posttrain.params import EvaluateParams, Params
 from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import Trajectory, plain_prompt, prompt, split_choice
 
@@ -61,66 +60,58 @@ def plan_shards(systems: dict[str, tuple[str, tuple[str, ...]]], n_records: int,
     return shards
 
 
-def _generator(model_dir: str, cfg: EvaluateParams, max_new_tokens: int | None = None) -> HFGenerator:
-    tokenizer, model = load_pretrained(model_dir)
-    return HFGenerator(model, tokenizer, cfg.batch_size, max_new_tokens or cfg.max_new_tokens)
-
-
-def answer_in_formats(model_dir: str, records: list[dict], formats: list[str], cfg: EvaluateParams,
-                      sandbox: SandboxParams, seed: int) -> list[dict]:
-    """A model answers every (question, format) greedily; one scored row per answer."""
-    jobs = [(rec, fmt) for fmt in formats for rec in records]
-    prompts = [prompt(rec["question"], None if fmt == OWN_CHOICE else Trajectory.from_name(fmt)) for rec, fmt in jobs]
-    completions = _generator(model_dir, cfg).generate(prompts, seed=seed, progress=False)
-    rows = score_responses([r for r, _ in jobs], [f for _, f in jobs], [c.text for c in completions],
-                           sandbox_limits(sandbox), sandbox.workers)
+def _answer(model_dir: str, records: list[dict], prompts: list[str], formats: list[str], params: Params) -> list[dict]:
+    """Greedy answers to ``prompts`` from the model in ``model_dir``, scored as ``formats``; one row per answer."""
+    cfg, sandbox = params.evaluate, params.sandbox
+    generator = open_generator(model_dir, params.generation, cfg.batch_size, cfg.max_new_tokens, params.seed)
+    completions = generator.generate(prompts, seed=params.seed, progress=False)
+    rows = score_responses(records, formats, [c.text for c in completions], sandbox_limits(sandbox), sandbox.workers)
     for row, c in zip(rows, completions):
         row["n_tokens"] = c.n_tokens
     return rows
 
 
-def answer_with_external_planner(planner_dir: str, solver_dir: str, records: list[dict], cfg: EvaluateParams,
-                                 sandbox: SandboxParams, seed: int) -> list[dict]:
+def answer_in_formats(model_dir: str, records: list[dict], formats: list[str], params: Params) -> list[dict]:
+    """A model answers every (question, format)."""
+    jobs = [(rec, fmt) for fmt in formats for rec in records]
+    prompts = [prompt(rec["question"], None if fmt == OWN_CHOICE else Trajectory.from_name(fmt)) for rec, fmt in jobs]
+    return _answer(model_dir, [r for r, _ in jobs], prompts, [f for _, f in jobs], params)
+
+
+def answer_with_external_planner(planner_dir: str, solver_dir: str, records: list[dict], params: Params) -> list[dict]:
     """DOTS with an external planner: it names a trajectory and the solver follows it (when the planner
     names none, the solver chooses its own)."""
-    plans = _generator(planner_dir, cfg, max_new_tokens=16).generate(
-        [prompt(r["question"]) for r in records], seed=seed, progress=False)
-    chosen = [split_choice(p.text)[0] for p in plans]
-    completions = _generator(solver_dir, cfg).generate(
-        [prompt(r["question"], t) for r, t in zip(records, chosen)], seed=seed, progress=False)
-    rows = score_responses(records, [t.name if t else OWN_CHOICE for t in chosen], [c.text for c in completions],
-                           sandbox_limits(sandbox), sandbox.workers)
-    for row, c, t in zip(rows, completions, chosen):
-        row.update(n_tokens=c.n_tokens, format="external", trajectory=t.name if t else row["trajectory"])
+    planner = open_generator(planner_dir, params.generation, params.evaluate.batch_size, 16, params.seed)
+    chosen = [split_choice(p.text)[0] for p in planner.generate([prompt(r["question"]) for r in records],
+                                                                  seed=params.seed, progress=False)]
+    rows = _answer(solver_dir, records, [prompt(r["question"], t) for r, t in zip(records, chosen)],
+                   [t.name if t else OWN_CHOICE for t in chosen], params)
+    for row, t in zip(rows, chosen):
+        row.update(format="external", trajectory=t.name if t else row["trajectory"])
     return rows
 
 
-def answer_plainly(model_dir: str, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
-                   seed: int) -> list[dict]:
+def answer_plainly(model_dir: str, records: list[dict], params: Params) -> list[dict]:
     """Vanilla SFT: the question alone in, a plain solution out."""
-    completions = _generator(model_dir, cfg).generate([plain_prompt(r["question"]) for r in records], seed=seed,
-                                                      progress=False)
-    rows = score_responses(records, ["cot"] * len(records), [c.text for c in completions],
-                           sandbox_limits(sandbox), sandbox.workers)
-    for row, c in zip(rows, completions):
-        row.update(n_tokens=c.n_tokens, format="vanilla", trajectory=None)
+    rows = _answer(model_dir, records, [plain_prompt(r["question"]) for r in records], ["cot"] * len(records), params)
+    for row in rows:
+        row.update(format="vanilla", trajectory=None)
     return rows
 
 
 @task(retries=2, retry_delay_seconds=1, task_run_name="evaluate {shard.name}")
-def evaluate_shard(shard: Shard, records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
-                   seed: int) -> list[dict]:
-    """Score one shard. Runs in a Ray worker: it uses the CPUs Ray gave it, not every core of the machine."""
+def evaluate_shard(shard: Shard, part: list[dict], params: Params) -> list[dict]:
+    """Score one shard (``part`` = its records). Runs in a Ray worker: it uses the CPUs Ray gave it, not every
+    core of the machine."""
     if "OMP_NUM_THREADS" in os.environ:  # a Ray worker: one thread per CPU Ray gave it, not one per core
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-    part = records[shard.start:shard.stop]
     if shard.kind == "external":
         root = Path(shard.model_dir).parent.parent  # shards carry absolute paths: Ray workers may run elsewhere
-        rows = answer_with_external_planner(str(root / PLANNER), str(root / SOLVER), part, cfg, sandbox, seed)
+        rows = answer_with_external_planner(str(root / PLANNER), str(root / SOLVER), part, params)
     elif shard.kind == "vanilla":
-        rows = answer_plainly(shard.model_dir, part, cfg, sandbox, seed)
+        rows = answer_plainly(shard.model_dir, part, params)
     else:
-        rows = answer_in_formats(shard.model_dir, part, list(shard.formats), cfg, sandbox, seed)
+        rows = answer_in_formats(shard.model_dir, part, list(shard.formats), params)
     return [{"model": shard.system, **r} for r in rows]
 
 
@@ -146,9 +137,9 @@ def task_runner(cfg: EvaluateParams):
                                       "runtime_env": {"env_vars": env}})
 
 
-def run_shards(shards: list[Shard], records: list[dict], cfg: EvaluateParams, sandbox: SandboxParams,
-               seed: int) -> list[list[dict]]:
-    """Every shard's rows, in shard order, computed on the configured task runner."""
+def run_shards(shards: list[Shard], records: list[dict], params: Params) -> list[list[dict]]:
+    """Every shard's rows, in shard order, computed on the task runner ``params.evaluate`` configures."""
+    cfg = params.evaluate
     gpus = 1 if torch.cuda.is_available() else 0
 
     @flow(name="posttrain-evaluate", task_runner=task_runner(cfg), log_prints=True)
@@ -157,9 +148,9 @@ def run_shards(shards: list[Shard], records: list[dict], cfg: EvaluateParams, sa
             from prefect_ray.context import remote_options
 
             with remote_options(num_gpus=gpus):
-                futures = [evaluate_shard.submit(s, records, cfg, sandbox, seed) for s in shards]
+                futures = [evaluate_shard.submit(s, records[s.start:s.stop], params) for s in shards]
         else:
-            futures = [evaluate_shard.submit(s, records, cfg, sandbox, seed) for s in shards]
+            futures = [evaluate_shard.submit(s, records[s.start:s.stop], params) for s in shards]
         return [f.result() for f in futures]
 
     return evaluate_flow()

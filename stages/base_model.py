@@ -6,7 +6,6 @@ Otherwise the hub id or local directory is loaded and saved here, so downstream 
 """
 from __future__ import annotations
 
-import json
 import random
 
 import mlflow
@@ -14,6 +13,7 @@ from transformers import set_seed
 
 from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
+from posttrain.jsonl import read_jsonl
 from posttrain.modeling import build_llama, count_parameters, load_pretrained, train_tokenizer
 from posttrain.params import ModelParams, load_params
 from posttrain.task.arithmetic import Problem
@@ -54,8 +54,7 @@ def build_base(cfg: ModelParams, records: list[dict], seed: int):
 def main() -> None:
     params = load_params()
     with stage_run("base_model", params, sections=["seed", "model"]):
-        with open(TRAIN, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f]
+        records = read_jsonl(TRAIN)
         tokenizer, model = build_base(params.model, records, params.seed)
         n_params = count_parameters(model)
         with atomic_dir(OUT) as tmp:

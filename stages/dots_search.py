@@ -27,8 +27,8 @@ from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.dots import SearchConfig, search_trajectories
 from posttrain.errors import stage_main
 from posttrain.executor import TrajectoryExecutor
-from posttrain.generation import HFGenerator
-from posttrain.modeling import load_pretrained
+from posttrain.generation import open_generator
+from posttrain.jsonl import read_jsonl
 from posttrain.params import Params, load_params
 from posttrain.sandbox import sandbox_limits
 from posttrain.tracking import stage_run
@@ -110,12 +110,11 @@ def plot_distribution(summary: dict, path: Path) -> None:
 def main() -> None:
     params = load_params()
     cfg = params.dots_search
-    with stage_run("dots_search", params, sections=["seed", "sandbox", "dots_search"]):
-        with open(TRAIN, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f][: cfg.n_questions]
+    with stage_run("dots_search", params, sections=["seed", "sandbox", "dots_search", "generation"]):
+        records = read_jsonl(TRAIN)[: cfg.n_questions]
         by_id = {r["id"]: r for r in records}
-        tokenizer, model = load_pretrained(SOLVER)
-        executor = TrajectoryExecutor(HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens),
+        generator = open_generator(str(SOLVER), params.generation, cfg.batch_size, cfg.max_new_tokens, params.seed)
+        executor = TrajectoryExecutor(generator,
                                       sandbox_limits(params.sandbox), params.sandbox.workers, cfg.verify_retries)
         search = SearchConfig(cfg.iterations, cfg.n_eval, tuple(cfg.keep))
         progress_file = checkpoint_file(params)

@@ -21,6 +21,7 @@ import mlflow
 from posttrain.atomic import atomic_write_json, atomic_write_text
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
+from posttrain.jsonl import read_jsonl
 from posttrain.params import EvaluateParams, load_params
 from posttrain.sharded_evaluation import plan_shards, run_shards
 from posttrain.task.records import DataError
@@ -81,16 +82,15 @@ def systems_to_evaluate(cfg: EvaluateParams, formats: list[str]) -> tuple[dict, 
 def main() -> None:
     params = load_params()
     cfg = params.evaluate
-    with stage_run("evaluate", params, sections=["seed", "sandbox", "evaluate"]):
-        with open(TEST, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f]
+    with stage_run("evaluate", params, sections=["seed", "sandbox", "evaluate", "generation"]):
+        records = read_jsonl(TEST)
         records = records[: cfg.n_test] if cfg.n_test else records
         formats = resolve_formats(cfg.formats)
         systems, dirs = systems_to_evaluate(cfg, formats)
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        results = run_shards(shards, records, cfg, params.sandbox, params.seed)
+        results = run_shards(shards, records, params)
         all_rows, summaries = [], {}
         for name in systems:
             rows = [r for shard, part in zip(shards, results) if shard.system == name for r in part]

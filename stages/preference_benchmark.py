@@ -21,6 +21,7 @@ from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import HFGenerator
+from posttrain.jsonl import read_jsonl
 from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_data import anchor_completion, benchmark_pairs, check_no_leakage
@@ -33,10 +34,6 @@ from posttrain.trajectories import prompt
 TRAIN, TEST = Path("data/prepared/train.jsonl"), Path("data/prepared/test.jsonl")
 WARMUP, SNAPSHOTS, POLICY = "models/warmup", Path("models/sft_checkpoints"), "models/sft"
 OUT, METRICS = Path("data/preference_benchmark"), Path("reports/metrics/preference_benchmark.json")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 @stage_main

@@ -84,9 +84,9 @@ def plot_stages(table: pd.DataFrame, path: Path) -> None:
 
 
 def plot_rollout_cost(rlvr: dict, path: Path) -> None:
-    curve = [{"step": 0, "responses": 0, "dev_accuracy": None}] + rlvr["dev_curve"]
+    curve = rlvr["dev_curve"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([c["responses"] for c in curve[1:]], [c["dev_accuracy"] for c in curve[1:]], marker="o",
+    ax.plot([c["responses"] for c in curve], [c["dev_accuracy"] for c in curve], marker="o",
             label=f"{rlvr['algo']} dev accuracy")
     ax.axhline(rlvr["sft_test"]["accuracy"], color="gray", ls="--", label="SFT (test)")
     ax.set(xlabel="cumulative generated responses", ylabel="accuracy", title="RLVR: accuracy against rollout cost")

@@ -21,6 +21,7 @@ import torch
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.errors import stage_main
+from posttrain.jsonl import read_jsonl
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
 from posttrain.judge_server import judge_endpoint
 from posttrain.params import load_params
@@ -34,10 +35,6 @@ POLICY, PM_DIR, OUT = "models/sft", "models/rm", "models/rlhf"
 BENCH, SCORES = Path("data/preference_benchmark/pairs.jsonl"), Path("reports/rm/benchmark_scores.jsonl")
 REPORTS, METRICS = Path("reports/routing"), Path("reports/metrics/rlhf_routed.json")
 CHECKPOINTS = Path("checkpoints/rlhf_routed")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def evaluate_routing(client: JudgeClient, pm: PreferenceModel, budgets: list[float], n_seeds: int) -> tuple[list, dict]:

@@ -12,7 +12,6 @@ zero-advantage share) and the dev-accuracy curve against cumulative responses.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from transformers import AutoTokenizer
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import last_complete_checkpoint
 from posttrain.errors import stage_main
+from posttrain.jsonl import read_jsonl
 from posttrain.params import Params, load_params
 from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
 from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
@@ -33,10 +33,6 @@ from posttrain.trajectories import prompt
 
 DATA, POLICY, OUT = Path("data/prepared"), "models/sft", "models/rlvr"
 METRICS, CHECKPOINTS = Path("reports/metrics/rlvr_ar3po.json"), Path("checkpoints/rlvr_ar3po")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out: str, checkpoint_root: Path,

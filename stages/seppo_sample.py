@@ -25,7 +25,8 @@ import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, score_responses
-from posttrain.generation import HFGenerator
+from posttrain.generation import open_generator
+from posttrain.jsonl import read_jsonl
 from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_data import anchor_completion, assign_references, training_pairs
@@ -55,8 +56,8 @@ def agreement(samples: list[dict]) -> dict:
 def main() -> None:
     params = load_params()
     cfg = params.seppo_sample
-    with stage_run("seppo_sample", params, sections=["seed", "seppo_sample"]):
-        records = [json.loads(line) for line in TRAIN.read_text(encoding="utf-8").splitlines()][:cfg.n_prompts]
+    with stage_run("seppo_sample", params, sections=["seed", "seppo_sample", "generation"]):
+        records = read_jsonl(TRAIN)[:cfg.n_prompts]
         refs = reference_checkpoints(WARMUP, SNAPSHOTS)
         plan = assign_references(len(records), cfg.samples_per_prompt, len(refs), params.seed)
         jobs = defaultdict(list)  # reference index -> [(record, sample index)]
@@ -69,7 +70,8 @@ def main() -> None:
         samples = []
         for j, todo in sorted(jobs.items()):
             tokenizer, model = load_pretrained(refs[j])
-            gen = HFGenerator(model, tokenizer, cfg.batch_size, cfg.max_new_tokens)
+            gen = open_generator(refs[j], params.generation, cfg.batch_size, cfg.max_new_tokens, params.seed,
+                                 loaded=(tokenizer, model))
             prompts = [prompt(rec["question"]) for rec, _ in todo]
             texts = [c.text for c in gen.generate(prompts, cfg.temperature, seed=params.seed + j,
                                                   desc=f"sample {Path(refs[j]).name}")]

@@ -17,7 +17,6 @@ one the evaluation reports as DOTS. Only questions the search kept (not all-solv
 """
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from pathlib import Path
@@ -26,6 +25,7 @@ import mlflow
 
 from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
+from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.sft import train_sft
 from posttrain.task.arithmetic import Problem
@@ -63,8 +63,8 @@ def main() -> None:
     params = load_params()
     cfg = params.sft
     with stage_run("sft", params, sections=["seed", "sft"]):
-        records = {r["id"]: r for r in map(json.loads, TRAIN.read_text(encoding="utf-8").splitlines())}
-        search = [json.loads(line) for line in SEARCH.read_text(encoding="utf-8").splitlines()]
+        records = {r["id"]: r for r in read_jsonl(TRAIN)}
+        search = read_jsonl(SEARCH)
         examples = planner_examples(search, records, params.seed)
         n = len(examples["internal"])
         mlflow.log_metric("n_planner_examples", n)

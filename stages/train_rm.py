@@ -24,6 +24,7 @@ from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.calibration import (accuracy_by_decile, expected_calibration_error, plot_decile_accuracy,
                                    plot_reliability, reliability_bins, spearman)
 from posttrain.errors import stage_main
+from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.preference_training import pointwise_scores, train_pointwise_rm, train_preference_model
 from posttrain.task.records import DataError
@@ -33,10 +34,6 @@ from posttrain.uncertainty import calibrated_logit, pair_uncertainty
 SFT, PAIRS, BENCHMARK = "models/sft", Path("data/seppo/pairs.jsonl"), Path("data/preference_benchmark/pairs.jsonl")
 PM_OUT, POINTWISE_OUT = "models/rm", "models/rm_pointwise"
 CHECKPOINTS, REPORTS, METRICS = Path("checkpoints/train_rm"), Path("reports/rm"), Path("reports/metrics/train_rm.json")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def decisive_figures(p: list[float], label_a: list[bool], n_bins: int = 10) -> dict:

@@ -10,11 +10,11 @@ so a re-run after a kill continues from the last checkpoint, and a change of inp
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from posttrain.errors import stage_main
+from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.sft import train_sft
 from posttrain.task.arithmetic import Problem
@@ -50,8 +50,7 @@ def warmup_examples(records: list[dict], open_choice_fraction: float, seed: int)
 def main() -> None:
     params = load_params()
     with stage_run("warmup", params, sections=["seed", "warmup"]):
-        with open(TRAIN, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f]
+        records = read_jsonl(TRAIN)
         examples = warmup_examples(records, params.warmup.open_choice_fraction, params.seed)
         train_sft(BASE, examples, params.warmup, OUT, CHECKPOINTS, key_files=[Path(TRAIN)], seed=params.seed,
                   name="warmup")

@@ -37,6 +37,8 @@ def test_profiles_have_the_same_keys():
     (lambda r: r["task"].update(source="csv"), "params.yaml: task.source: got 'csv', expected 'synthetic' or 'jsonl'"),
     (lambda r: r["warmup"].update(warmup_ratio=1.5), "params.yaml: warmup.warmup_ratio: got 1.5, expected less than or equal to 1"),
     (lambda r: r.update(seed=1.5), "params.yaml: seed: got 1.5, expected an integer"),
+    (lambda r: r["sft"].update(deepspeed="zero9.json"),
+     "params.yaml: sft.deepspeed: 'zero9.json' is not a readable JSON file (FileNotFoundError)"),
 ])
 def test_bad_keys_are_named_on_one_line(mutate, expected):
     r = raw()

@@ -21,10 +21,7 @@ SMOKE = Path(__file__).resolve().parents[1] / "configs" / "params.smoke.yaml"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    model = tiny_scratch_model(tmp_path_factory.mktemp("tiny_policy"), n_problems=12, seed=4)
-    model.records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
-                     for i, p in enumerate(model.problems)]
-    return model
+    return tiny_scratch_model(tmp_path_factory.mktemp("tiny_policy"), n_problems=12, seed=4)
 
 
 def make_trainer(tiny, out, algo: str, **overrides) -> RLVRTrainer:

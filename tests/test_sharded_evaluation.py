@@ -14,10 +14,7 @@ SMOKE = Path(__file__).resolve().parents[1] / "configs/params.smoke.yaml"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    model = tiny_scratch_model(tmp_path_factory.mktemp("tiny_eval"), n_problems=10, seed=7)
-    model.records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
-                     for i, p in enumerate(model.problems)]
-    return model
+    return tiny_scratch_model(tmp_path_factory.mktemp("tiny_eval"), n_problems=10, seed=7)
 
 
 def shards_for(tiny, size: int):
@@ -37,8 +34,8 @@ def test_two_ray_workers_give_the_rows_of_one_in_process_worker(tiny):
     params = load_params(SMOKE)
     cfg = params.evaluate.model_copy(update={"max_new_tokens": 12, "batch_size": 4})
     shards = shards_for(tiny, 4)
-    one = run_shards(shards, tiny.records, cfg.model_copy(update={"workers": 0}), params.sandbox, seed=0)
-    two = run_shards(shards, tiny.records, cfg.model_copy(update={"workers": 2}), params.sandbox, seed=0)
+    one = run_shards(shards, tiny.records, params.model_copy(update={"evaluate": cfg.model_copy(update={"workers": 0})}))
+    two = run_shards(shards, tiny.records, params.model_copy(update={"evaluate": cfg.model_copy(update={"workers": 2})}))
     assert len(one) == len(shards) and sum(map(len, one)) == len(tiny.records) * 3
     assert two == one
 
@@ -56,5 +53,5 @@ def test_a_failed_shard_is_retried(tiny, monkeypatch):
 
     monkeypatch.setattr(sharded_evaluation, "answer_in_formats", flaky)
     shards = shards_for(tiny, 10)[:1]
-    rows = run_shards(shards, tiny.records, cfg, params.sandbox, seed=0)
+    rows = run_shards(shards, tiny.records, params.model_copy(update={"evaluate": cfg}))
     assert len(calls) == 2 and len(rows[0]) == len(tiny.records)

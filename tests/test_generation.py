@@ -1,0 +1,27 @@
+"""The generation interface: the engine named in params.generation, behind one ``generate``."""
+import importlib.util
+
+import pytest
+
+from posttrain.generation import EngineError, HFGenerator, open_generator
+from posttrain.params import GenerationParams
+from posttrain.trajectories import prompt
+from tiny_model import tiny_scratch_model
+
+HF = GenerationParams(engine="hf", dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1)
+
+
+def test_open_generator_hf_gives_what_hf_generate_gives(tmp_path):
+    tiny = tiny_scratch_model(tmp_path / "m", n_problems=6, seed=1)
+    prompts = [prompt(p.question) for p in tiny.problems]
+    direct = HFGenerator(tiny.model, tiny.tok, batch_size=4, max_new_tokens=10).generate(prompts, progress=False)
+    opened = open_generator(tiny.path, HF, batch_size=3, max_new_tokens=10)
+    assert isinstance(opened, HFGenerator)
+    assert opened.generate(prompts, progress=False) == direct
+    assert all(0 < c.n_tokens <= 10 for c in direct)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_engine_without_vllm_says_what_to_install(tmp_path):
+    with pytest.raises(EngineError, match="bench/vllm_cpu.sh"):
+        open_generator(str(tmp_path), HF.model_copy(update={"engine": "vllm"}), batch_size=1, max_new_tokens=4)
