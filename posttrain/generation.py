@@ -112,3 +112,11 @@ def open_generator(model_dir: str, engine: GenerationParams, batch_size: int, ma
         return VLLMGenerator(model_dir, max_new_tokens, engine, seed)
     tokenizer, model = loaded or load_pretrained(model_dir)
     return HFGenerator(model, tokenizer, batch_size, max_new_tokens)
+
+
+def trl_vllm_args(mode: str | None, server_url: str) -> dict:
+    """GRPOConfig arguments for TRL's vLLM integration: after each optimizer step TRL pushes the policy's weights
+    into the engine (colocate: in-process; server: over NCCL to `trl vllm-serve`). GPU only: not run on CPU here."""
+    if mode is None:
+        return {}
+    return {"use_vllm": True, "vllm_mode": mode, **({"vllm_server_base_url": server_url} if mode == "server" else {})}

@@ -234,6 +234,10 @@ class OnlinePolicyParams(_Section):
     n_dev: int = Field(ge=1, description="dev questions for that accuracy")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
     deepspeed: DeepSpeedConfig = Field(description=DEEPSPEED_DOC)
+    vllm: Literal["colocate", "server"] | None = Field(
+        description="rollouts through TRL's vLLM integration (GPUs): colocate = an engine in the trainer's process, "
+                    "server = `trl vllm-serve` at vllm_server_url; null = HF generate")
+    vllm_server_url: str = Field(description="vllm: server mode: the `trl vllm-serve` address, weights synced to it")
 
 
 class RlhfParams(OnlinePolicyParams):

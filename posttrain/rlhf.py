@@ -32,7 +32,7 @@ from trl import GRPOConfig, GRPOTrainer
 from posttrain.atomic import atomic_dir
 from posttrain.checkpoints import last_complete_checkpoint
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
-from posttrain.generation import HFGenerator
+from posttrain.generation import HFGenerator, trl_vllm_args
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route, upper_pairs
 from posttrain.sandbox import sandbox_limits
@@ -124,7 +124,8 @@ def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, scale_rewards="none",
         logging_steps=1, save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed,
-        report_to=["mlflow"], **device_args(cfg.deepspeed), dataloader_num_workers=0)
+        report_to=["mlflow"], **device_args(cfg.deepspeed), dataloader_num_workers=0,
+        **trl_vllm_args(cfg.vllm, cfg.vllm_server_url))
 
 
 def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[dict], dev: list[dict], params,

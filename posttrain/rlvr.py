@@ -36,6 +36,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
+from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
 from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout, group_advantages
 
@@ -65,7 +66,8 @@ def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon, loss_type="dapo",
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, logging_steps=1,
         save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed, report_to=["mlflow"],
-        dataloader_num_workers=0, **device_args(cfg.deepspeed))
+        dataloader_num_workers=0, **device_args(cfg.deepspeed),
+        **trl_vllm_args(cfg.vllm, cfg.vllm_server_url))
 
 
 class RLVRTrainer(GRPOTrainer):

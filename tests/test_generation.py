@@ -1,5 +1,6 @@
 """The generation interface: the engine named in params.generation, behind one ``generate``."""
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +26,15 @@ def test_open_generator_hf_gives_what_hf_generate_gives(tmp_path):
 def test_vllm_engine_without_vllm_says_what_to_install(tmp_path):
     with pytest.raises(EngineError, match="bench/vllm_cpu.sh"):
         open_generator(str(tmp_path), HF.model_copy(update={"engine": "vllm"}), batch_size=1, max_new_tokens=4)
+
+
+def test_rl_stages_hand_the_vllm_mode_to_trl():
+    from posttrain.params import load_params
+    from posttrain.rlhf import grpo_config
+    from posttrain.rlvr import rlvr_config
+    params = load_params(Path(__file__).resolve().parents[1] / "configs" / "params.smoke.yaml")
+    assert not rlvr_config(params.rlvr, "/tmp/unused", seed=0).use_vllm
+    server = rlvr_config(params.rlvr.model_copy(update={"vllm": "server"}), "/tmp/unused", seed=0)
+    assert (server.use_vllm, server.vllm_mode, server.vllm_server_base_url) == (True, "server", "http://127.0.0.1:8000")
+    colocate = grpo_config(params.rlhf.model_copy(update={"vllm": "colocate"}), Path("/tmp/unused"), seed=0)
+    assert (colocate.use_vllm, colocate.vllm_mode, colocate.vllm_server_base_url) == (True, "colocate", None)
