@@ -6,6 +6,10 @@ output of the stage ``dvc.dep.<path>`` / ``dvc.out.<path>`` = its md5, computed 
 flow sets it) the run nests under that pipeline run; ``POSTTRAIN_SWEEP`` / ``POSTTRAIN_VARIANT`` (set by
 flows/sweep.py) become the tags ``posttrain.sweep`` / ``posttrain.variant``.
 
+A SIGKILLed stage cannot end its run, which MLflow then shows as RUNNING for ever. Each run records the
+process (``posttrain.pid``, ``posttrain.host``); the next run of the same stage marks runs whose process is
+gone as FAILED (tag ``posttrain.interrupted``) and links itself to them (``posttrain.resumed_from_run``).
+
 Example:
     >>> with stage_run("prepare", params, sections=["seed", "task", "prepare"]) as run:   # doctest: +SKIP
     ...     mlflow.log_metric("n_train", 3000)
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -81,12 +86,44 @@ def dvc_hashes(stage: str, which: str) -> dict[str, str]:
         return {}
 
 
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by someone else
+        return False
+    return False
+
+
+def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
+    """Mark FAILED the RUNNING runs of ``stage`` whose process on this host no longer exists; their ids, newest
+    first. A run of another host, or whose process is alive (a concurrent run), is left alone."""
+    client = MlflowClient()
+    runs = client.search_runs([experiment_id], f"tags.`posttrain.stage` = '{stage}' and attributes.status = 'RUNNING'",
+                              order_by=["attributes.start_time DESC"])
+    closed = []
+    for run in runs:
+        pid, host = run.data.tags.get("posttrain.pid"), run.data.tags.get("posttrain.host")
+        if pid and host == socket.gethostname() and _process_gone(int(pid)):
+            client.set_tag(run.info.run_id, "posttrain.interrupted", "true")
+            client.set_terminated(run.info.run_id, "FAILED")
+            closed.append(run.info.run_id)
+    return closed
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, params: Params, sections: list[str]):
-    """One MLflow run for this stage execution; failed runs are marked FAILED, outs hashed on success."""
+    """One MLflow run for this stage execution; failed runs are marked FAILED, outs hashed on success, and
+    runs of this stage left RUNNING by a killed process are closed as FAILED and linked to this one."""
     experiment_id = configure(params)
     parent = os.environ.get(PARENT_ENV)
-    tags = {"posttrain.stage": stage, **git_state(), **dvc_hashes(stage, "dep")}
+    tags = {"posttrain.stage": stage, "posttrain.pid": str(os.getpid()), "posttrain.host": socket.gethostname(),
+            **git_state(), **dvc_hashes(stage, "dep")}
+    interrupted = close_interrupted_runs(experiment_id, stage)
+    if interrupted:
+        tags["posttrain.resumed_from_run"] = interrupted[0]
+        print(f"{stage}: the run(s) {', '.join(interrupted)} were interrupted (killed); marked FAILED in MLflow")
     if parent:
         tags["mlflow.parentRunId"] = parent
     if os.environ.get(SWEEP_ENV):

@@ -1,0 +1,57 @@
+"""MLflow runs of killed stages: closed as FAILED by the next run of the stage, which links to them."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from posttrain.params import load_params
+from posttrain.tracking import stage_run
+
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "params.smoke.yaml"
+KILLED_STAGE = """
+import os, signal, sys
+from posttrain.params import load_params
+from posttrain.tracking import stage_run
+params = load_params(sys.argv[1]).model_copy(update={{"tracking": load_params(sys.argv[1]).tracking.model_copy(
+    update={{"uri": sys.argv[2], "artifact_root": sys.argv[3]}})}})
+with stage_run("warmup", params, sections=["seed"]) as run:
+    print(run.info.run_id, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as a machine dying mid-stage would
+"""
+
+
+@pytest.fixture
+def restore_tracking_uri():
+    before = mlflow.get_tracking_uri()
+    yield
+    mlflow.set_tracking_uri(before)
+
+
+def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path, monkeypatch, restore_tracking_uri):
+    monkeypatch.chdir(tmp_path)
+    uri, artifacts = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "artifacts")
+    done = subprocess.run([sys.executable, "-c", KILLED_STAGE.format(), str(SMOKE), uri, artifacts],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    killed_id = done.stdout.split()[0]
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(killed_id).info.status == "RUNNING"  # nothing could end it
+
+    base = load_params(SMOKE)
+    params = base.model_copy(update={"tracking": base.tracking.model_copy(update={"uri": uri, "artifact_root": artifacts})})
+    # a run of the same stage whose process is alive (a concurrent run) must be left alone
+    alive = client.create_run(client.get_run(killed_id).info.experiment_id,
+                              tags={"posttrain.stage": "warmup", "posttrain.pid": str(os.getpid()),
+                                    "posttrain.host": client.get_run(killed_id).data.tags["posttrain.host"]})
+    with stage_run("warmup", params, sections=["seed"]) as run:
+        resumed_id = run.info.run_id
+    killed = client.get_run(killed_id)
+    assert killed.info.status == "FAILED" and killed.data.tags["posttrain.interrupted"] == "true"
+    assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == killed_id
+    assert client.get_run(resumed_id).info.status == "FINISHED"
+    assert client.get_run(alive.info.run_id).info.status == "RUNNING"
