@@ -140,7 +140,9 @@ def stage_run(stage: str, params: Params, sections: list[str]):
 
 @contextlib.contextmanager
 def bench_run(name: str, params: Params):
-    """One MLflow run (tagged ``posttrain.bench``) holding everything a bench script trains and measures."""
+    """One MLflow run (tagged ``posttrain.bench``) holding everything a bench script trains and measures; its
+    nested runs (one per variant) land in the same experiment."""
     experiment_id = configure(params)
+    mlflow.set_experiment(experiment_id=experiment_id)
     with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags={"posttrain.bench": name}) as run:
         yield run
