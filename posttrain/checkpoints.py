@@ -4,21 +4,48 @@ A SIGKILL can land while the Trainer is still writing ``checkpoint-<n>``: the di
 weights, optimizer or state are half there, and ``transformers.trainer_utils.get_last_checkpoint`` (which only
 looks at directory names) would hand it to ``Trainer.train`` to crash on. The Trainer writes
 ``trainer_state.json`` after everything else, so a checkpoint is complete when that file (or a later marker
-such as RLVR's rollout state) is present and parses.
+such as RLVR's rollout state) is present and parses. A file damaged after the fact (a disk error, a bad copy)
+is caught too: every safetensors file must cover its header's tensors, and every torch pickle (optimizer,
+scheduler) must be a whole zip archive. A damaged checkpoint is skipped with a warning, and the run resumes
+from the one before it.
 """
 from __future__ import annotations
 
 import json
+import warnings
+import zipfile
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME
 
 
+def damaged_files(checkpoint: Path) -> list[str]:
+    """Names of the weight and state files in ``checkpoint`` that are cut short or unreadable (cheap: headers and
+    zip directories only, no tensor is read)."""
+    bad = []
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            bad.append(path.name)
+    for path in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no central directory
+            bad.append(path.name)
+    return bad
+
+
 def is_complete(checkpoint: Path, marker: str = TRAINER_STATE_NAME) -> bool:
-    """True when ``checkpoint/marker`` exists and is whole JSON (a kill mid-write leaves it truncated)."""
+    """True when ``checkpoint/marker`` exists and is whole JSON (a kill mid-write leaves it truncated) and no
+    weight or state file is damaged."""
     try:
         json.loads((checkpoint / marker).read_text())
     except (OSError, ValueError):
+        return False
+    bad = damaged_files(checkpoint)
+    if bad:
+        warnings.warn(f"{checkpoint}: damaged {', '.join(bad)}; not resuming from it", stacklevel=2)
         return False
     return True
 

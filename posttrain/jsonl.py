@@ -27,13 +27,13 @@ def read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     rows = []
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open("rb") as f:
             for number, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise JsonlError(f"{path}:{number}: not valid JSON ({e.msg}); the file is damaged: "
+                        rows.append(json.loads(line))  # bytes: json decodes UTF-8 itself
+                    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                        raise JsonlError(f"{path}:{number}: not valid JSON ({getattr(e, 'msg', None) or e.reason}); the file is damaged: "
                                          f"re-run the stage that writes it (dvc repro --force <stage>)") from None
     except FileNotFoundError:
         raise JsonlError(f"{path}: no such file; run `dvc repro` (or the stage that writes it) first") from None

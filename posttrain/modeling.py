@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from posttrain.errors import UserError
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -88,8 +89,9 @@ def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype)
-    except (OSError, ValueError, EnvironmentError) as e:
-        hint = "" if Path(path_or_id).exists() else " (not a local directory; hub downloads need network access)"
+    except (OSError, ValueError, EnvironmentError, SafetensorError) as e:
+        hint = (" (a file there is damaged or cut short: re-run the stage that writes it, dvc repro --force <stage>)"
+                if Path(path_or_id).exists() else " (not a local directory; hub downloads need network access)")
         raise ModelLoadError(f"cannot load model {path_or_id!r}{hint}: {str(e).splitlines()[0]}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

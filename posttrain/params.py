@@ -329,9 +329,11 @@ _EXPECTED = {
 
 
 def _describe(err: dict) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
-    # Union members (e.g. 'int' in 'int | None') appear in loc; keep only the key path.
-    loc = ".".join(p for p in loc.split(".") if p not in {"int", "float", "str", "list[str]", "JsonlFiles"})
+    # Union members (e.g. 'int' in 'int | None') appear in loc; keep only the key path. A key that is not
+    # plain printable text (a stray control character, say) is shown quoted so the message stays one line.
+    parts = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal["))
+             and str(p) not in {"int", "float", "str", "list[str]", "JsonlFiles"}]
+    loc = ".".join(p if p.isprintable() and p.strip() == p and p else repr(p) for p in parts)
     kind = err["type"]
     if kind == "missing":
         return f"{loc}: missing, expected a value"
@@ -366,6 +368,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such file (run from the repository root)") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise ParamsError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x})") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -1,11 +1,20 @@
 """A kill during the Trainer's checkpoint write must not leave a checkpoint that resume then crashes on."""
+import pytest
+import torch
+from safetensors.torch import save_file
+
 from posttrain.checkpoints import last_complete_checkpoint
+
+
+def write_weights(checkpoint):
+    save_file({"w": torch.ones(64, 64)}, str(checkpoint / "model.safetensors"))
+    torch.save({"state": {0: torch.zeros(64)}}, checkpoint / "optimizer.pt")
 
 
 def test_a_checkpoint_without_its_trainer_state_is_skipped(tmp_path):
     for step in (10, 20, 30):
         (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w")
+        write_weights(tmp_path / f"checkpoint-{step}")
     (tmp_path / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')
     (tmp_path / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
     # checkpoint-30: killed after the weights, before the state (the CI failure of stop 11)
@@ -21,3 +30,15 @@ def test_no_checkpoint_means_a_fresh_start(tmp_path):
     assert last_complete_checkpoint(tmp_path / "missing") is None
     (tmp_path / "checkpoint-5").mkdir()
     assert last_complete_checkpoint(tmp_path) is None
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pt"])
+def test_a_checkpoint_with_a_damaged_file_is_skipped_with_a_warning(tmp_path, damaged):
+    for step in (10, 20):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        write_weights(tmp_path / f"checkpoint-{step}")
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    path = tmp_path / "checkpoint-20" / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # cut short after the state was written
+    with pytest.warns(UserWarning, match=f"checkpoint-20: damaged {damaged}"):
+        assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")

@@ -255,6 +255,53 @@ def test_rlvr_ar3po_resumes_after_a_kill(repro):
     assert totals["prompts"] == 4 * 2 and totals["responses"] > saved["totals"]["responses"]
 
 
+def test_rlhf_routed_survives_every_judge_fault(repro):
+    """The local judge injects every fault it knows on most requests; the stage finishes, each failed pair falls back
+    to the PM, and every failure is counted by kind in MLflow."""
+    repo, _ = repro
+    original = (repo / "params.yaml").read_text()
+    try:
+        set_params(repo, "judge", faults={"http_500": 0.14, "http_429": 0.14, "timeout": 0.1, "malformed_json": 0.14,
+                                          "truncated_json": 0.14, "no_verdict": 0.14},
+                   timeout_s=1.0, max_retries=1, backoff_s=0.05, max_backoff_s=0.3, cache=".cache/judge_faults.sqlite")
+        set_params(repo, "rlhf", routing="judge_only", max_steps=2)
+        out = run(["dvc", "repro", "--single-item", "rlhf_routed"], repo)
+    finally:
+        (repo / "params.yaml").write_text(original)
+    metrics = json.loads((repo / "reports/metrics/rlhf_routed.json").read_text())
+    assert metrics["judge_failures"] > 0 and "rlhf_routed: test accuracy" in out
+    latest = max((r for r in mlflow_runs(repo) if r.data.tags["posttrain.stage"] == "rlhf_routed"),
+                 key=lambda r: r.info.start_time)
+    logged = latest.data.metrics
+    for kind in ("http_500", "rate_limited", "timeout", "malformed_body", "no_verdict"):
+        assert logged.get(f"judge_total.failures.{kind}", 0) > 0, (kind, logged)
+    assert logged["judge_total.failures"] == sum(v for k, v in logged.items() if k.startswith("judge_total.failures."))
+
+
+def test_a_second_pipeline_run_fails_fast_on_dvc_lock_and_spoils_nothing(repro):
+    repo, _ = repro
+    first = subprocess.Popen(["dvc", "repro", "--force", "--single-item", "warmup"], cwd=repo, env=_env(repo.parent),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in first.stdout:  # wait until the first holds DVC's lock and runs the stage
+        seen.append(line)
+        if "Running stage 'warmup'" in line:
+            break
+    start = time.perf_counter()
+    second = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(repo.parent), capture_output=True, text=True,
+                            timeout=120)
+    waited = time.perf_counter() - start
+    out_first = "".join(seen) + first.communicate(timeout=900)[0]
+    assert second.returncode != 0 and "Unable to acquire lock" in second.stdout + second.stderr
+    assert waited < 30, f"the second run took {waited:.0f} s to give up"
+    assert first.returncode == 0, out_first[-3000:]
+    # the first run's outputs are whole: DVC's record matches the files, and the model loads
+    assert "changed outs" not in run(["dvc", "status", "warmup"], repo)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(repo / "models/warmup")
+
+
 def test_prefect_flow_runs_the_pipeline(tmp_path):
     repo = smoke_repo(tmp_path)
     out = run([sys.executable, "-m", "flows.pipeline"], repo)

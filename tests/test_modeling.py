@@ -47,3 +47,15 @@ def test_bad_sizes_and_missing_model_are_clear_errors(tmp_path, corpus):
     (tmp_path / "broken" / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="broken"):
         load_pretrained(str(tmp_path / "broken"))
+
+
+@pytest.mark.parametrize("damage", ["model.safetensors", "tokenizer.json"])
+def test_damaged_weights_or_tokenizer_are_a_clear_error(tmp_path, corpus, damage):
+    tok = train_tokenizer(corpus[:50], vocab_size=300)
+    model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=128)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    path = tmp_path / damage
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match=r"cannot load model .*damaged or cut short"):
+        load_pretrained(str(tmp_path))

@@ -1,5 +1,6 @@
 """The sandbox turns misbehaving programs into "no answer" with a reason; the host is unaffected."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ def test_runs_a_program():
     assert r.ok and r.stdout == "45\n"
 
 
-@pytest.mark.parametrize("code, reason", [
+HOSTILE = [
     ("while True:\n    pass", "killed"),
     ("import time\ntime.sleep(30)", "timeout"),
     ("x = bytearray(10**9)", "MemoryError"),
@@ -29,7 +30,19 @@ def test_runs_a_program():
     ("print('x' * 10**6)", "output too large"),
     ("def f(): return f()\nf()", "RecursionError"),
     ("raise ValueError('boom')", "ValueError"),
-])
+    ("import os\nwhile True:\n    os.fork()", "os.fork"),                       # fork bomb
+    ("x = [0] * 10**9", "MemoryError"),                                         # memory bomb, another shape
+    ("__import__('os').system('true')", "os.system"),                           # import tricks
+    ("import importlib\nimportlib.import_module('ctypes')", "ctypes"),
+    ("import shutil\nshutil.rmtree('/work')", "rmtree"),                        # deleting files
+    ("import sys\nsys.stdout.write('y' * 10**8)", "MemoryError"),              # huge output
+    ("print(open('/proc/self/environ').read())", "outside"),                    # secrets through /proc
+    ("import os\nos.kill(os.getppid(), 9)", "os.kill"),                         # attacking the host process
+    ("import os\nos.killpg(0, 9)", "os.killpg"),
+]
+
+
+@pytest.mark.parametrize("code, reason", HOSTILE)
 def test_hostile_programs_yield_no_answer(code, reason):
     r = run_program(code, FAST)
     assert not r.ok and r.stdout == ""
@@ -48,3 +61,26 @@ def test_many_programs_in_parallel_keep_order():
     results = run_programs(codes, FAST, workers=4)
     assert [r.stdout.strip() for r in results[:20]] == [str(i * 2) for i in range(20)]
     assert not results[-1].ok
+
+
+def _children() -> list[int]:
+    """Live child processes of this process (from /proc: no psutil needed)."""
+    kids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(os.getpid()) and not fields.get("State", "").startswith("Z"):
+            kids.append(int(status.parent.name))
+    return kids
+
+
+def test_the_whole_battery_at_once_leaves_the_host_healthy():
+    codes = [code for code, _ in HOSTILE] * 2
+    results = run_programs(codes, FAST, workers=4)
+    assert not any(r.ok for r in results)
+    assert [reason in r.reason for r, (_, reason) in zip(results, HOSTILE * 2)] == [True] * len(codes)
+    assert not os.path.exists("/tmp/posttrain-sandbox-escape") and Path("/etc/hostname").exists()
+    assert _children() == [], "a sandboxed program left a process behind"
+    assert run_program("print(6 * 7)").stdout == "42\n"  # and the sandbox still works

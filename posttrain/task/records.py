@@ -52,8 +52,13 @@ def read_records(path: str | Path) -> list[dict]:
         raise DataError(f"{path}: no such file")
     records: list[dict] = []
     ids: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, data in enumerate(f, start=1):
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: (row): not UTF-8 text (byte {data[e.start]:#04x} at column "
+                                f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
