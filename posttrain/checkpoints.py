@@ -11,13 +11,26 @@ from the one before it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 import zipfile
 from pathlib import Path
 
+from pydantic import BaseModel
 from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME
+
+
+def checkpoint_dir(root: Path, cfg: BaseModel, seed: int, key_files: list[Path]) -> Path:
+    """A directory unique to this config and these input files (directories: every file inside), so a resumed
+    run never picks up checkpoints made from other inputs."""
+    h = hashlib.sha256(json.dumps([seed, cfg.model_dump()], sort_keys=True).encode())
+    for path in key_files:
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file():
+                h.update(f.read_bytes())
+    return root / h.hexdigest()[:16]
 
 
 def damaged_files(checkpoint: Path) -> list[str]:

@@ -20,11 +20,10 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
 from trl import RewardConfig, RewardTrainer
 
-from posttrain.checkpoints import last_complete_checkpoint
+from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.modeling import device_args
 from posttrain.params import RewardModelParams
 from posttrain.preference_model import PreferenceModel, tail
-from posttrain.sft import checkpoint_dir
 
 
 def both_orders(pairs: list[dict], seed: int) -> list[tuple[tuple[str, str, str], int]]:

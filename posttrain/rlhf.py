@@ -30,13 +30,12 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir
-from posttrain.checkpoints import last_complete_checkpoint
+from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator, trl_vllm_args
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route, upper_pairs
 from posttrain.sandbox import sandbox_limits
-from posttrain.sft import checkpoint_dir
 from posttrain.trajectories import prompt as open_prompt
 
 

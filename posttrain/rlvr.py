@@ -80,6 +80,9 @@ class RLVRTrainer(GRPOTrainer):
         self.buffer = ReplayBuffer(rlvr.buffer_cap, seed)
         self.prompt_rng = random.Random(seed + 1)  # DAPO's extra prompts
         self.all_prompts = sorted(set(self.train_dataset["prompt"]))
+        # every prompt's difficulty, DAPO's extra draws included (they are not in a step's inputs)
+        self.difficulty = dict(zip(self.train_dataset["prompt"], self.train_dataset["difficulty"])) \
+            if "difficulty" in self.train_dataset.column_names else {}
         self.totals: Counter = Counter()  # cumulative rollout cost
         self.curve: list[dict] = []  # per step: cumulative responses and tokens (for accuracy-vs-cost plots)
         self._generation_seconds = 0.0
@@ -135,12 +138,11 @@ class RLVRTrainer(GRPOTrainer):
                 output["ref_per_token_logps"] = self._get_per_token_logps_and_entropies(
                     self.ref_model, torch.cat([prompt_ids, completion_ids], 1),
                     torch.cat([prompt_mask, completion_mask], 1), completion_ids.size(1))[0]
-        self._log_rollout(groups, stats, zero_adv, inputs)
+        self._log_rollout(groups, stats, zero_adv)
         return output
 
     # --- accounting ------------------------------------------------------------------------------------------
-    def _log_rollout(self, groups: dict[str, list[Response]], stats, zero_adv: int, inputs: list[dict]) -> None:
-        difficulty = {x["prompt"]: x.get("difficulty") for x in inputs}
+    def _log_rollout(self, groups: dict[str, list[Response]], stats, zero_adv: int) -> None:
         generated = [r.reward for rs in groups.values() for r in rs if not r.reused]
         self.totals.update({"responses": stats.generated, "tokens": stats.tokens, "buffer_hits": stats.buffer_hits,
                             "prompts": len(groups), "zero_advantage_prompts": zero_adv})
@@ -158,8 +160,8 @@ class RLVRTrainer(GRPOTrainer):
         }
         by_difficulty = defaultdict(list)
         for p, n in stats.per_prompt.items():
-            if difficulty.get(p) is not None:
-                by_difficulty[difficulty[p]].append(n)
+            if self.difficulty.get(p) is not None:
+                by_difficulty[self.difficulty[p]].append(n)
         metrics.update({f"rollout/responses_per_prompt_d{d}": sum(v) / len(v) for d, v in sorted(by_difficulty.items())})
         for name, value in metrics.items():
             self._metrics["train"][name].append(float(value))

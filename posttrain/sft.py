@@ -12,7 +12,6 @@ Example:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -23,19 +22,9 @@ from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
 from posttrain.atomic import atomic_dir
-from posttrain.checkpoints import last_complete_checkpoint
+from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.params import WarmupParams
-
-
-def checkpoint_dir(root: Path, cfg: WarmupParams, seed: int, key_files: list[Path]) -> Path:
-    """A directory unique to this config and these input files (directories: every file inside)."""
-    h = hashlib.sha256(json.dumps([seed, cfg.model_dump()], sort_keys=True).encode())
-    for path in key_files:
-        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
-            if f.is_file():
-                h.update(f.read_bytes())
-    return root / h.hexdigest()[:16]
 
 
 def tokens_seen(log_history: list[dict]) -> int:

@@ -6,7 +6,8 @@ question (``vanilla``). Each system's (question x format) jobs are cut into shar
 jobs; a shard is one Prefect task (retried on failure), and the tasks run on a Ray instance: a local one
 with ``evaluate.workers`` CPUs by default, or the cluster at ``evaluate.ray_address`` (one GPU per task where
 GPUs exist). Shards are defined by the data, never by the worker count, and merged back in shard order, so
-any number of workers gives the same rows as one.
+any number of workers gives the same rows as one. With a ``done_dir`` each finished shard's rows are kept there
+(written atomically), so an evaluation killed half way re-scores only the shards it had not finished.
 
     >>> shards = plan_shards({"warmup": ("model", ("cot", "pot"))}, n_records=5, shard_size=4)
     >>> [(s.system, s.formats, s.start, s.stop) for s in shards]
@@ -14,6 +15,8 @@ any number of workers gives the same rows as one.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ import torch
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from posttrain.atomic import atomic_write_json
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import open_generator
 from posttrain.params import EvaluateParams, Params
@@ -45,6 +49,10 @@ class Shard:
     @property
     def name(self) -> str:
         return f"{self.system}/{'+'.join(self.formats)}/{self.start}-{self.stop}"
+
+    @property
+    def filename(self) -> str:
+        return self.name.replace("/", "__") + ".json"
 
 
 def plan_shards(systems: dict[str, tuple[str, tuple[str, ...]]], n_records: int, shard_size: int,
@@ -100,9 +108,20 @@ def answer_plainly(model_dir: str, records: list[dict], params: Params) -> list[
 
 
 @task(retries=2, retry_delay_seconds=1, task_run_name="evaluate {shard.name}")
-def evaluate_shard(shard: Shard, part: list[dict], params: Params) -> list[dict]:
-    """Score one shard (``part`` = its records). Runs in a Ray worker: it uses the CPUs Ray gave it, not every
-    core of the machine."""
+def evaluate_shard(shard: Shard, part: list[dict], params: Params, done_dir: str | None = None) -> list[dict]:
+    """Score one shard (``part`` = its records), or read it back from ``done_dir`` when an earlier, killed run
+    finished it. Runs in a Ray worker: it uses the CPUs Ray gave it, not every core of the machine."""
+    done = Path(done_dir) / shard.filename if done_dir else None
+    if done is not None and done.is_file():
+        with contextlib.suppress(ValueError):  # a damaged file is scored again
+            return json.loads(done.read_text(encoding="utf-8"))
+    rows = _score_shard(shard, part, params)
+    if done is not None:
+        atomic_write_json(done, rows)
+    return rows
+
+
+def _score_shard(shard: Shard, part: list[dict], params: Params) -> list[dict]:
     if "OMP_NUM_THREADS" in os.environ:  # a Ray worker: one thread per CPU Ray gave it, not one per core
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     if shard.kind == "external":
@@ -137,8 +156,11 @@ def task_runner(cfg: EvaluateParams):
                                       "runtime_env": {"env_vars": env}})
 
 
-def run_shards(shards: list[Shard], records: list[dict], params: Params) -> list[list[dict]]:
-    """Every shard's rows, in shard order, computed on the task runner ``params.evaluate`` configures."""
+def run_shards(shards: list[Shard], records: list[dict], params: Params,
+               done_dir: str | Path | None = None) -> list[list[dict]]:
+    """Every shard's rows, in shard order, computed on the task runner ``params.evaluate`` configures (shards
+    already in ``done_dir`` are read back)."""
+    done = str(Path(done_dir).resolve()) if done_dir else None
     cfg = params.evaluate
     gpus = 1 if torch.cuda.is_available() else 0
 
@@ -148,9 +170,9 @@ def run_shards(shards: list[Shard], records: list[dict], params: Params) -> list
             from prefect_ray.context import remote_options
 
             with remote_options(num_gpus=gpus):
-                futures = [evaluate_shard.submit(s, records[s.start:s.stop], params) for s in shards]
+                futures = [evaluate_shard.submit(s, records[s.start:s.stop], params, done) for s in shards]
         else:
-            futures = [evaluate_shard.submit(s, records[s.start:s.stop], params) for s in shards]
+            futures = [evaluate_shard.submit(s, records[s.start:s.stop], params, done) for s in shards]
         return [f.result() for f in futures]
 
     return evaluate_flow()

@@ -13,17 +13,19 @@ reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import mlflow
 
 from posttrain.atomic import atomic_write_json, atomic_write_text
+from posttrain.checkpoints import checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
 from posttrain.jsonl import read_jsonl
 from posttrain.params import EvaluateParams, load_params
-from posttrain.sharded_evaluation import plan_shards, run_shards
+from posttrain.sharded_evaluation import SOLVER, plan_shards, run_shards
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.trajectories import BY_NAME, TRAJECTORIES
@@ -34,6 +36,7 @@ METRICS = Path("reports/metrics/evaluate.json")
 PLOT_CSV = Path("reports/plots/accuracy_by_difficulty.csv")
 RESPONSES = Path("reports/evaluate/responses.jsonl")
 PLOT_PNG = Path("reports/evaluate/accuracy_by_difficulty.png")
+CHECKPOINTS = Path("checkpoints/evaluate")  # finished shards of a killed evaluation
 
 
 def resolve_formats(formats) -> list[str]:
@@ -90,7 +93,13 @@ def main() -> None:
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        results = run_shards(shards, records, params)
+        done_dir = checkpoint_dir(CHECKPOINTS, params, params.seed,
+                                  [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})])
+        already = sum((done_dir / s.filename).is_file() for s in shards)
+        if already:
+            print(f"evaluate: resuming, {already} of {len(shards)} shards already scored")
+            mlflow.set_tag("resumed_shards", already)
+        results = run_shards(shards, records, params, done_dir)
         all_rows, summaries = [], {}
         for name in systems:
             rows = [r for shard, part in zip(shards, results) if shard.system == name for r in part]
@@ -115,6 +124,7 @@ def main() -> None:
         atomic_write_json(METRICS, summaries)
         mlflow.log_artifact(str(PLOT_PNG))
         mlflow.log_artifact(str(METRICS))
+        shutil.rmtree(done_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

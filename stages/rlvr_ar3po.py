@@ -20,14 +20,13 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import last_complete_checkpoint
+from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import Params, load_params
 from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
 from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
 from posttrain.sandbox import sandbox_limits
-from posttrain.sft import checkpoint_dir
 from posttrain.tracking import stage_run
 from posttrain.trajectories import prompt
 

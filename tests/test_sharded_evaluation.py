@@ -55,3 +55,24 @@ def test_a_failed_shard_is_retried(tiny, monkeypatch):
     shards = shards_for(tiny, 10)[:1]
     rows = run_shards(shards, tiny.records, params.model_copy(update={"evaluate": cfg}))
     assert len(calls) == 2 and len(rows[0]) == len(tiny.records)
+
+
+def test_finished_shards_are_read_back_after_a_kill(tiny, monkeypatch, tmp_path):
+    params = load_params(SMOKE)
+    cfg = params.evaluate.model_copy(update={"max_new_tokens": 8, "batch_size": 4, "workers": 0})
+    params = params.model_copy(update={"evaluate": cfg})
+    shards = shards_for(tiny, 5)
+    first = run_shards(shards, tiny.records, params, tmp_path / "done")
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == sorted(s.filename for s in shards)
+    # as after a kill: one shard's file is cut short, one is missing; only those two are scored again
+    (tmp_path / "done" / shards[0].filename).write_text('[{"model": "ti')
+    (tmp_path / "done" / shards[1].filename).unlink()
+    real, scored = sharded_evaluation._score_shard, []
+
+    def counting(shard, part, p):
+        scored.append(shard.name)
+        return real(shard, part, p)
+
+    monkeypatch.setattr(sharded_evaluation, "_score_shard", counting)
+    assert run_shards(shards, tiny.records, params, tmp_path / "done") == first
+    assert scored == [shards[0].name, shards[1].name]
