@@ -88,7 +88,9 @@ def plot_rollout_cost(rlvr: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([c["responses"] for c in curve], [c["dev_accuracy"] for c in curve], marker="o",
             label=f"{rlvr['algo']} dev accuracy")
-    ax.axhline(rlvr["sft_test"]["accuracy"], color="gray", ls="--", label="SFT (test)")
+    # test accuracy before (no responses generated yet) and after RL, on the same axis of rollout cost
+    ax.plot([0, rlvr["rollout"]["responses"]], [rlvr["sft_test"]["accuracy"], rlvr["rlvr_test"]["accuracy"]],
+            ls="--", marker="s", color="gray", label="test accuracy: SFT -> RLVR")
     ax.set(xlabel="cumulative generated responses", ylabel="accuracy", title="RLVR: accuracy against rollout cost")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
