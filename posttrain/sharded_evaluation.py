@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from prefect import flow, task
+
+from posttrain.orchestration import apply_prefect_settings
+
+apply_prefect_settings()  # before Prefect reads its settings: the repository's Prefect home, a patient ephemeral server
+from prefect import flow, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from posttrain.atomic import atomic_write_json
