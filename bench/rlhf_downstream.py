@@ -54,6 +54,8 @@ def run() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="training seeds per routing policy")
     ap.add_argument("--routings", nargs="+", default=list(ROUTINGS), choices=ROUTINGS)
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: rlhf.max_steps)")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
+    ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     args = ap.parse_args()
     params = load_params()
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
@@ -63,7 +65,7 @@ def run() -> None:
         sft = own_choice_accuracy(POLICY, splits["test"], params.rlhf.max_new_tokens, params.sandbox)
         mlflow.log_metric("sft_test_accuracy", sft["accuracy"])
         for routing in args.routings:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 with tempfile.TemporaryDirectory(prefix="rlhf_bench_") as tmp, \
                         mlflow.start_run(run_name=f"{routing} seed {seed}", nested=True,
                                          tags={"posttrain.bench.variant": routing, "seed": str(seed)}):
@@ -73,9 +75,9 @@ def run() -> None:
                 results.append(r)
                 print(f"{routing} seed {seed}: test accuracy {r['test_accuracy']:.3f}, judge {r['judge_calls']} calls "
                       f"${r['judge_cost']:.4f}, routed {r['routed_fraction']:.3f} ({r['seconds']} s)")
-                OUT.parent.mkdir(parents=True, exist_ok=True)
-                OUT.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))  # partial results survive a crash
-        mlflow.log_artifact(str(OUT))
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))  # partial results survive a crash
+        mlflow.log_artifact(str(args.out))
     print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
     print(f"{'routing':20}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
     for routing in args.routings:
