@@ -1,15 +1,23 @@
-"""What a kill costs: each long stage of the smoke pipeline is run whole, then run again and SIGKILLed at a random
-point after its first progress file appeared (mid-training, mid-checkpoint or mid-output write, wherever the draw
-lands), then `dvc repro` finishes it.
+"""What a kill costs and what it leaves behind: each long stage of a smoke pipeline (longer stages, more checkpoints
+than configs/params.smoke.yaml) is run whole, then run again and SIGKILLed three times, each followed by a
+`dvc repro` that finishes it:
 
-    python3 bench/kill_resume.py [--stages warmup dots_search ...] [--kills 2] [--seed 0] [--repo <smoke copy>]
+- ``random``: at a uniform point of the window in which the whole run had progress on disk (after its first
+  checkpoint / searched chunk / scored shard appeared, before it ended);
+- ``checkpoint_write``: the instant the c-th file appears under checkpoints/<stage> (c uniform over the files
+  the whole run wrote there), i.e. while a checkpoint is being written;
+- ``output_write``: the instant the c-th file of the stage's outputs appears or changes (c uniform over the
+  outputs' files), i.e. while the stage, or DVC moving them into its cache, writes them.
+
+    python3 bench/kill_resume.py [--stages warmup dots_search ...] [--kinds random ...] [--seed 0] [--repo <copy>]
 
 Per kill: when it struck, whether the re-run resumed (said so on its output) or started over, the work redone
-(time before the kill + resumed run - whole run), whether `dvc status` is clean and the outputs load, and whether
-MLflow shows the killed run FAILED with the resumed run linked to it. Each run is forced (`dvc repro --force`), as a
-run after a change of inputs would be; the re-run after the kill is forced too, so the stage's own resume logic,
-not DVC's cache, decides what is redone. Runs in a fresh smoke copy of the repository (nothing here is touched, and
-`--repo` reuses a copy that already ran the smoke pipeline); prints a table, writes reports/bench/kill_resume.json.
+(time before the kill + resumed run - whole run), whether `dvc status` is clean, DVC's cache whole (every
+object hashes to its name, every locked output present), every output file parses, and whether MLflow shows the
+killed run FAILED with the resumed run linked to it. Every run is forced (`dvc repro --force`), as after a change
+of inputs, so the stage's own resume logic, not DVC's cache, decides what is redone. Runs in a fresh copy of the
+repository (nothing here is touched; `--repo` reuses a copy that already ran); prints a table, writes
+reports/bench/kill_resume.json.
 """
 from __future__ import annotations
 
@@ -17,22 +25,27 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import yaml
 from mlflow.tracking import MlflowClient
 
 from posttrain.orchestration import prefect_settings
-from posttrain.workspace import clone_workspace
+from posttrain.workspace import clone_workspace, damaged_cache_objects, invalid_outputs, run_and_kill
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports/bench/kill_resume.json"
 LONG_STAGES = ["warmup", "dots_search", "sft", "train_rm", "rlhf_routed", "rlvr_ar3po", "evaluate"]
+KINDS = ["random", "checkpoint_write", "output_write"]
 RESUME_WORDS = ("resuming", "already scored", "already searched")
+# The smoke profile's stages are mostly start-up; these make the resumable part long enough to hit.
+LONGER = {"warmup": {"max_steps": 60, "save_steps": 10}, "dots_search": {"n_questions": 24, "chunk_size": 4},
+          "sft": {"max_steps": 30, "save_steps": 5}, "train_rm": {"max_steps": 12, "pointwise_max_steps": 12},
+          "rlhf": {"max_steps": 8}, "rlvr": {"max_steps": 8}, "evaluate": {"shard_size": 3}}
 
 
 def dvc(args: list[str], repo: Path, env: dict) -> tuple[float, str]:
@@ -43,71 +56,127 @@ def dvc(args: list[str], repo: Path, env: dict) -> tuple[float, str]:
     return time.perf_counter() - start, proc.stdout + proc.stderr
 
 
-def killed_run(stage: str, repo: Path, env: dict, extra: float) -> tuple[float, bool]:
-    """Force ``stage``; once it has written its first progress file under checkpoints/<stage> (a Trainer
-    checkpoint being saved, a searched chunk, a scored shard), wait ``extra`` more seconds and SIGKILL its process
-    group. (seconds it ran, whether it was killed: a stage can finish first)."""
-    progress = repo / "checkpoints" / stage
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage], cwd=repo,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = None
-    while proc.poll() is None:
-        if deadline is None and progress.exists() and any(p.is_file() for p in progress.rglob("*")):
-            deadline = time.perf_counter() + extra
-        if deadline is not None and time.perf_counter() >= deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return time.perf_counter() - start, True
-        time.sleep(0.1)
-    return time.perf_counter() - start, False
+def stage_outputs(repo: Path, stage: str) -> list[Path]:
+    spec = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"][stage]
+    return [repo / (o if isinstance(o, str) else next(iter(o)))
+            for kind in ("outs", "metrics", "plots") for o in spec.get(kind, [])]
+
+
+def files_written_since(paths: list[Path], since: float) -> int:
+    """Files under ``paths`` created or modified after ``since`` (a wall-clock time)."""
+    n = 0
+    for path in paths:
+        for f in path.rglob("*") if path.is_dir() else [path]:
+            try:
+                n += f.is_file() and f.stat().st_mtime >= since
+            except FileNotFoundError:  # removed between listing and stat
+                pass
+    return n
+
+
+def watch_whole_run(stage: str, repo: Path, env: dict) -> dict:
+    """Run the stage whole, watching when progress first appears on disk and how many files it writes."""
+    cmd = [sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage]
+    progress, outs = [repo / "checkpoints" / stage], stage_outputs(repo, stage)
+    seen = {"first_progress_s": None, "progress_files": 0, "out_files": 0}
+    t0 = time.time()
+
+    def watch(elapsed: float) -> bool:
+        n = files_written_since(progress, t0)
+        if n and seen["first_progress_s"] is None:
+            seen["first_progress_s"] = elapsed
+        seen["progress_files"] = max(seen["progress_files"], n)
+        seen["out_files"] = max(seen["out_files"], files_written_since(outs, t0))
+        return False
+
+    ran = run_and_kill(cmd, repo, env, watch)
+    if ran.returncode:
+        raise RuntimeError(f"{stage} failed (exit {ran.returncode}) on its whole run")
+    return {**seen, "whole_s": ran.seconds}
+
+
+def killed_run(stage: str, kind: str, repo: Path, env: dict, whole: dict, rng: random.Random) -> tuple[float, bool]:
+    """Force ``stage`` and SIGKILL it at the moment ``kind`` draws (see the module doc)."""
+    cmd = [sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage]
+    t0 = time.time()
+    if kind == "random":
+        first = whole["first_progress_s"] or 0.0
+        at = first + rng.uniform(0.05, 0.95) * (whole["whole_s"] - first)
+        ran = run_and_kill(cmd, repo, env, lambda elapsed: elapsed >= at)
+    else:
+        paths = [repo / "checkpoints" / stage] if kind == "checkpoint_write" else stage_outputs(repo, stage)
+        target = rng.randint(1, max(1, whole["progress_files" if kind == "checkpoint_write" else "out_files"]))
+        ran = run_and_kill(cmd, repo, env, lambda _: files_written_since(paths, t0) >= target)
+    if ran.returncode:
+        raise RuntimeError(f"{stage} failed (exit {ran.returncode}) before it could be killed")
+    return ran.seconds, ran.killed
 
 
 def mlflow_link(repo: Path, stage: str) -> dict:
     client = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow/mlflow.db")
     exp = client.get_experiment_by_name("posttrain")
     runs = client.search_runs([exp.experiment_id], f"tags.`posttrain.stage` = '{stage}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+                              order_by=["attributes.start_time DESC"], max_results=2)
     linked = runs[0].data.tags.get("posttrain.resumed_from_run")
-    return {"linked": bool(linked), "killed_run_failed": bool(linked) and client.get_run(linked).info.status == "FAILED"}
+    # the run before the resumed one is the killed one's (a kill can land after it finished, in DVC's commit)
+    return {"linked": bool(linked), "killed_run_failed": bool(linked) and client.get_run(linked).info.status == "FAILED",
+            "killed_run_status": runs[1].info.status if len(runs) > 1 else None}
+
+
+def make_longer(repo: Path) -> None:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for section, values in LONGER.items():
+        params[section].update(values)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", nargs="+", default=LONG_STAGES, choices=LONG_STAGES)
-    ap.add_argument("--kills", type=int, default=2, help="kills per stage, each at a fresh random point")
+    ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repo", type=Path, help="a smoke copy that already ran `dvc repro` (default: make one)")
+    ap.add_argument("--repo", type=Path, help="a copy made by an earlier run of this bench (default: make one)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     rows = []
     with tempfile.TemporaryDirectory(prefix="kill_resume_") as tmp:
-        repo = args.repo.resolve() if args.repo else clone_workspace(ROOT, Path(tmp) / "repo",
-                                                                     profile="configs/params.smoke.yaml")
+        if args.repo:
+            repo = args.repo.resolve()
+        else:
+            repo = clone_workspace(ROOT, Path(tmp) / "repo", profile="configs/params.smoke.yaml")
+            make_longer(repo)
         env = {**os.environ, **prefect_settings(repo.parent)}
         env.pop("POSTTRAIN_PARENT_RUN_ID", None)
-        print("smoke pipeline ...", flush=True)
+        print(f"pipeline in {repo} ...", flush=True)
         dvc(["repro"], repo, env)
         for stage in args.stages:
-            whole, _ = dvc(["repro", "--force", "--single-item", stage], repo, env)
-            for k in range(args.kills):
-                ran, killed = killed_run(stage, repo, env, rng.uniform(0, 0.5) * whole)
+            whole = watch_whole_run(stage, repo, env)
+            print(f"{stage}: whole run {whole}", flush=True)
+            for kind in args.kinds:
+                ran, killed = killed_run(stage, kind, repo, env, whole, rng)
                 resumed_s, out = dvc(["repro", "--force", "--single-item", stage], repo, env)
                 _, status = dvc(["status", stage], repo, env)
-                row = {"stage": stage, "killed": killed, "whole_s": round(whole, 1), "killed_at_s": round(ran, 1),
-                       "killed_at_share": round(ran / whole, 2), "resume_s": round(resumed_s, 1),
-                       "redone_s": round(ran + resumed_s - whole, 1),
+                cache = damaged_cache_objects(repo)
+                outputs = invalid_outputs(stage_outputs(repo, stage))
+                row = {"stage": stage, "kind": kind, "killed": killed, "whole_s": round(whole["whole_s"], 1),
+                       "killed_at_s": round(ran, 1), "killed_at_share": round(ran / whole["whole_s"], 2),
+                       "resume_s": round(resumed_s, 1), "redone_s": round(ran + resumed_s - whole["whole_s"], 1),
                        "resumed": any(w in out for w in RESUME_WORDS), "status_clean": "changed" not in status,
+                       "cache_whole": not cache, "outputs_parse": not outputs, "problems": cache + outputs,
                        **mlflow_link(repo, stage)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 OUT.parent.mkdir(parents=True, exist_ok=True)
                 OUT.write_text(json.dumps(rows, indent=1))
-    print(f"\n{'stage':13}{'whole s':>8}{'killed at':>10}{'resume s':>9}{'redone s':>9}  resumed  clean  mlflow")
+    print(f"\n{'stage':12} {'kill':17}{'whole s':>8}{'at':>6}{'resume s':>9}{'redone s':>9}  resumed clean cache "
+          "outputs mlflow")
     for r in rows:
-        print(f"{r['stage']:13}{r['whole_s']:>8}{r['killed_at_share']:>9.0%} {r['resume_s']:>9}{r['redone_s']:>9}  "
-              f"{str(r['resumed']):7}  {str(r['status_clean']):5}  "
-              f"{'FAILED+linked' if r['killed_run_failed'] else 'linked' if r['linked'] else 'no link'}")
+        at = f"{r['killed_at_share']:.0%}" if r["killed"] else "done"
+        print(f"{r['stage']:12} {r['kind']:17}{r['whole_s']:>8}{at:>6}{r['resume_s']:>9}{r['redone_s']:>9}  "
+              f"{str(r['resumed']):7} {str(r['status_clean']):5} {str(r['cache_whole']):5} "
+              f"{str(r['outputs_parse']):7} "
+              f"{'FAILED+linked' if r['killed_run_failed'] else 'linked' if r['linked'] else 'no link'}"
+              f"{'' if r['linked'] else ' (killed run ' + str(r['killed_run_status']) + ')'}")
     print(f"-> {OUT}")
 
 

@@ -5,7 +5,7 @@ Backends:
   responses back from the judge prompt, looks the question up in the task's records, and decides by the
   task verifier (``pot`` programs run in the sandbox): the right response wins; both right or both wrong is
   a tie. Its answer carries some reasoning text before the verdict line, like a real judge's. Optional
-  latency and injected faults (5xx, 429, hangs, broken bodies, verdict-less answers) from params make it
+  latency and injected faults (5xx, 429, hangs, broken bodies, verdict-less answers, dropped connections) from params make it
   behave like a slow, flaky remote model.
 - ``hf``: a local Hugging Face causal LM generates the judgement from the prompt (any chat model works).
 
@@ -20,19 +20,22 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import random
 import socket
 import threading
 import time
 import uuid
 from contextlib import contextmanager
+from typing import get_args
 
 import uvicorn
 from fastapi import Body, FastAPI
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.judge_prompt import read_messages
+from posttrain.params import JudgeFault
 from posttrain.trajectories import split_choice
 
 
@@ -86,14 +89,32 @@ def hf_backend(model_dir: str, max_new_tokens: int = 128):
     return judge
 
 
-FAULTS = ("http_500", "http_429", "timeout", "malformed_json", "truncated_json", "no_verdict")
+FAULTS = get_args(JudgeFault)
+
+
+class InjectedConnectionReset(ConnectionResetError):
+    """Raised mid-response by the ``connection_reset`` fault: uvicorn then drops the connection."""
+
+
+class _QuietInjectedResets(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:  # uvicorn logs every dropped response with a traceback
+        return not (record.exc_info and isinstance(record.exc_info[1], InjectedConnectionReset))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietInjectedResets())
+
+
+def _reset_midway(head: bytes):
+    """A response body that sends its first bytes and then loses the connection, as a reset peer would."""
+    yield head
+    raise InjectedConnectionReset("injected connection reset")
 
 
 def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, float] | None = None,
               seed: int = 0, hang_s: float = 30.0) -> FastAPI:
     """The OpenAI-compatible app. ``faults`` maps a fault (see FAULTS) to the probability of injecting it on a
     request: 5xx, 429 with Retry-After, a hang of ``hang_s`` (the client times out), a non-JSON or cut-off body,
-    an answer with no verdict line."""
+    an answer with no verdict line, a connection dropped after the headers and a few bytes of the body."""
     faults = faults or {}
     unknown = set(faults) - set(FAULTS)
     if unknown:
@@ -144,6 +165,8 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
             return PlainTextResponse("<html>502 Bad Gateway</html>", media_type="application/json")
         if fault == "truncated_json":
             return PlainTextResponse(json.dumps(payload)[:40], media_type="application/json")
+        if fault == "connection_reset":
+            return StreamingResponse(_reset_midway(json.dumps(payload)[:40].encode()), media_type="application/json")
         return payload
 
     return app

@@ -194,6 +194,10 @@ class PolicyOptParams(TrainingParams):
     beta: float = Field(gt=0, description="inverse temperature of the preference loss")
 
 
+JudgeFault = Literal["http_500", "http_429", "timeout", "malformed_json", "truncated_json", "no_verdict",
+                     "connection_reset"]
+
+
 class JudgeParams(_Section):
     """The pairwise LLM judge (OpenAI chat-completions protocol) and the local judge service."""
 
@@ -216,8 +220,16 @@ class JudgeParams(_Section):
     price_out_per_1k: float = Field(ge=0, description="price per 1000 completion tokens")
     cache: str = Field(min_length=1, description="SQLite verdict cache (kept across runs: a re-run never pays twice)")
     latency_s: float = Field(ge=0, description="local service: added latency per request")
-    faults: dict[str, float] = Field(description="local service: fault -> probability (http_500, http_429, timeout, "
-                                                 "malformed_json, truncated_json, no_verdict)")
+    faults: dict[JudgeFault, float] = Field(description="local service: fault -> probability per request (http_500, "
+                                                        "http_429, timeout, malformed_json, truncated_json, "
+                                                        "no_verdict, connection_reset)")
+
+    @field_validator("faults")
+    @classmethod
+    def _probabilities(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(not 0 <= p <= 1 for p in v.values()) or sum(v.values()) > 1:
+            raise ValueError("each probability must be in [0, 1] and they must sum to at most 1")
+        return v
 
 
 class OnlinePolicyParams(_Section):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from posttrain.orchestration import prefect_settings
-from posttrain.workspace import clone_workspace
+from posttrain.workspace import clone_workspace, damaged_cache_objects, invalid_outputs, run_and_kill
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
@@ -184,19 +184,16 @@ def test_second_repro_runs_nothing(repro):
 
 
 def kill_when(cmd: list[str], repo: Path, ready, timeout: float = 600) -> None:
-    """Start ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or it exits, or time runs out)."""
-    proc = subprocess.Popen(cmd, cwd=repo, env=_env(repo.parent), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None and not ready():
-        time.sleep(0.2)
-    finished = proc.poll()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # the whole group already exited: the caller's assertions say whether that is wrong
-        pass
-    proc.wait()
-    assert finished in (None, 0), f"{' '.join(cmd)} failed (exit {finished}) before it could be killed"
+    """Run ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or time runs out)."""
+    ran = run_and_kill(cmd, repo, _env(repo.parent), lambda _: ready(), timeout=timeout, poll_s=0.05)
+    assert ran.returncode in (None, 0), f"{' '.join(cmd)} failed (exit {ran.returncode}) before it could be killed"
+
+
+def assert_nothing_lost(repo: Path, stage: str, outputs: list[str]) -> None:
+    """After the resumed run: DVC sees the stage up to date, its cache is whole, every output file parses."""
+    assert "changed" not in run(["dvc", "status", stage], repo)
+    assert damaged_cache_objects(repo) == []
+    assert invalid_outputs([repo / o for o in outputs]) == []
 
 
 def set_params(repo: Path, section: str, **values) -> None:
@@ -214,6 +211,7 @@ def test_warmup_resumes_after_a_kill(repro):
     out = run(["dvc", "repro", "warmup"], repo)
     assert "warmup: resuming from" in out and "checkpoint-" in out
     assert not list((repo / "checkpoints/warmup").glob("*")), "checkpoints are cleaned after success"
+    assert_nothing_lost(repo, "warmup", ["models/warmup"])
 
 
 def test_dots_search_resumes_after_a_kill(repro):
@@ -229,6 +227,20 @@ def test_dots_search_resumes_after_a_kill(repro):
     out = run(["dvc", "repro", "dots_search"], repo)
     assert "dots_search: resuming, 6 of 12 questions already searched" in out
     assert len((repo / "data/dots/search.jsonl").read_text().splitlines()) == 12
+    assert_nothing_lost(repo, "dots_search", ["data/dots", "reports/dots"])
+
+
+def test_sft_killed_while_its_outputs_are_written_leaves_nothing_half_done(repro):
+    """The kill lands the moment the first finished model directory is swapped in, while the stage still writes the
+    others (or DVC moves them into its cache)."""
+    repo, _ = repro
+    set_params(repo, "sft", learning_rate=0.002)
+    start = time.time()
+    kill_when(["dvc", "repro", "--single-item", "sft"], repo,
+              lambda: any((repo / o).exists() and (repo / o).stat().st_mtime >= start
+                          for o in ("models/sft", "models/planner", "models/sft_vanilla")))
+    run(["dvc", "repro", "--single-item", "sft"], repo)
+    assert_nothing_lost(repo, "sft", ["models/sft", "models/sft_checkpoints", "models/planner", "models/sft_vanilla"])
 
 
 def test_train_rm_resumes_after_a_kill(repro):
@@ -240,6 +252,7 @@ def test_train_rm_resumes_after_a_kill(repro):
     out = run(cmd, repo)
     assert "train_rm: resuming the preference model from" in out
     assert json.loads((repo / "reports/metrics/train_rm.json").read_text())["n_decisive"] > 0
+    assert_nothing_lost(repo, "train_rm", ["models/rm", "models/rm_pointwise", "reports/rm"])
 
 
 def test_rlvr_ar3po_resumes_after_a_kill(repro):
@@ -253,6 +266,7 @@ def test_rlvr_ar3po_resumes_after_a_kill(repro):
     totals = json.loads((repo / "reports/metrics/rlvr_ar3po.json").read_text())["rollout"]
     # the resumed run carried the totals on: 4 steps counted, not just the 2 after the resume
     assert totals["prompts"] == 4 * 2 and totals["responses"] > saved["totals"]["responses"]
+    assert_nothing_lost(repo, "rlvr_ar3po", ["models/rlvr"])
 
 
 def test_rlhf_routed_survives_every_judge_fault(repro):
@@ -261,8 +275,8 @@ def test_rlhf_routed_survives_every_judge_fault(repro):
     repo, _ = repro
     original = (repo / "params.yaml").read_text()
     try:
-        set_params(repo, "judge", faults={"http_500": 0.14, "http_429": 0.14, "timeout": 0.1, "malformed_json": 0.14,
-                                          "truncated_json": 0.14, "no_verdict": 0.14},
+        set_params(repo, "judge", faults={"http_500": 0.12, "http_429": 0.12, "timeout": 0.1, "malformed_json": 0.12,
+                                          "truncated_json": 0.12, "no_verdict": 0.12, "connection_reset": 0.12},
                    timeout_s=1.0, max_retries=1, backoff_s=0.05, max_backoff_s=0.3, cache=".cache/judge_faults.sqlite")
         set_params(repo, "rlhf", routing="judge_only", max_steps=2)
         out = run(["dvc", "repro", "--single-item", "rlhf_routed"], repo)
@@ -273,7 +287,7 @@ def test_rlhf_routed_survives_every_judge_fault(repro):
     latest = max((r for r in mlflow_runs(repo) if r.data.tags["posttrain.stage"] == "rlhf_routed"),
                  key=lambda r: r.info.start_time)
     logged = latest.data.metrics
-    for kind in ("http_500", "rate_limited", "timeout", "malformed_body", "no_verdict"):
+    for kind in ("http_500", "rate_limited", "timeout", "malformed_body", "no_verdict", "connection"):
         assert logged.get(f"judge_total.failures.{kind}", 0) > 0, (kind, logged)
     assert logged["judge_total.failures"] == sum(v for k, v in logged.items() if k.startswith("judge_total.failures."))
 

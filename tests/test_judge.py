@@ -61,7 +61,7 @@ def test_happy_path_both_orders_and_cache(service, tmp_path):
 
 @pytest.mark.parametrize("fault,kind", [("http_500", "http_500"), ("malformed_json", "malformed_body"),
                                         ("truncated_json", "malformed_body"), ("no_verdict", "no_verdict"),
-                                        ("http_429", "rate_limited")])
+                                        ("http_429", "rate_limited"), ("connection_reset", "connection")])
 def test_every_fault_ends_in_a_counted_fallback_after_the_retries(service, fault, kind):
     svc = service(faults={fault: 1.0})
     client = JudgeClient(cfg(), svc.base_url)

@@ -37,6 +37,10 @@ def test_profiles_have_the_same_keys():
     (lambda r: r["task"].update(source="csv"), "params.yaml: task.source: got 'csv', expected 'synthetic' or 'jsonl'"),
     (lambda r: r["warmup"].update(warmup_ratio=1.5), "params.yaml: warmup.warmup_ratio: got 1.5, expected less than or equal to 1"),
     (lambda r: r.update(seed=1.5), "params.yaml: seed: got 1.5, expected an integer"),
+    (lambda r: r["judge"].update(faults={"reset": 0.5}), "params.yaml: judge.faults.reset.[key]: got 'reset', "
+     "expected 'http_500', 'http_429', 'timeout', 'malformed_json', 'truncated_json', 'no_verdict' or 'connection_reset'"),
+    (lambda r: r["judge"].update(faults={"http_500": 0.7, "timeout": 0.7}),
+     "params.yaml: judge.faults: each probability must be in [0, 1] and they must sum to at most 1"),
     (lambda r: r["sft"].update(deepspeed="zero9.json"),
      "params.yaml: sft.deepspeed: 'zero9.json' is not a readable JSON file (FileNotFoundError)"),
 ])
