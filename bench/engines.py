@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from posttrain.generation import open_generator
-from posttrain.params import GenerationParams
+from posttrain.params_schema import GenerationParams
 from posttrain.trajectories import prompt
 
 OUT = Path("reports/bench/engines.json")

@@ -11,8 +11,10 @@ than configs/params.smoke.yaml) is run whole, then run again and SIGKILLed three
 
     python3 bench/kill_resume.py [--stages warmup dots_search ...] [--kinds random ...] [--seed 0] [--repo <copy>]
 
-Per kill: when it struck, whether the re-run resumed (said so on its output) or started over, the work redone
-(time before the kill + resumed run - whole run), whether `dvc status` is clean, DVC's cache whole (every
+Per kill: when it struck, the work it threw away (seconds since the stage last saved complete progress, or since
+it started if it had saved none), whether the re-run resumed (said so on its output) or started over, the time it
+cost overall (time before the kill + resumed run - whole run: this adds the restart's fixed costs, imports and model
+loading, and is as noisy as the machine's load), whether `dvc status` is clean, DVC's cache whole (every
 object hashes to its name, every locked output present), every output file parses, and whether MLflow shows the
 killed run FAILED with the resumed run linked to it. Every run is forced (`dvc repro --force`), as after a change
 of inputs, so the stage's own resume logic, not DVC's cache, decides what is redone. Runs in a fresh copy of the
@@ -42,6 +44,9 @@ OUT = ROOT / "reports/bench/kill_resume.json"
 LONG_STAGES = ["warmup", "dots_search", "sft", "train_rm", "rlhf_routed", "rlvr_ar3po", "evaluate"]
 KINDS = ["random", "checkpoint_write", "output_write"]
 RESUME_WORDS = ("resuming", "already scored", "already searched")
+# what marks a unit of saved progress complete, per stage (see posttrain/checkpoints.py and the stages)
+PROGRESS_MARKERS = {"dots_search": "done.jsonl", "evaluate": "*.json", "rlhf_routed": "routing_state.json",
+                    "rlvr_ar3po": "rollout_state.json"}
 # The smoke profile's stages are mostly start-up; these make the resumable part long enough to hit.
 LONGER = {"warmup": {"max_steps": 60, "save_steps": 10}, "dots_search": {"n_questions": 24, "chunk_size": 4},
           "sft": {"max_steps": 30, "save_steps": 5}, "train_rm": {"max_steps": 12, "pointwise_max_steps": 12},
@@ -95,8 +100,23 @@ def watch_whole_run(stage: str, repo: Path, env: dict) -> dict:
     return {**seen, "whole_s": ran.seconds}
 
 
-def killed_run(stage: str, kind: str, repo: Path, env: dict, whole: dict, rng: random.Random) -> tuple[float, bool]:
-    """Force ``stage`` and SIGKILL it at the moment ``kind`` draws (see the module doc)."""
+def last_saved_progress(repo: Path, stage: str) -> float | None:
+    """When the newest complete unit of progress (checkpoint, searched chunk, scored shard) was saved, or None."""
+    marker = PROGRESS_MARKERS.get(stage, "trainer_state.json")
+    times = []
+    for f in (repo / "checkpoints" / stage).rglob(marker):
+        try:
+            json.loads(f.read_text()) if f.suffix == ".json" else None  # a marker cut by the kill does not count
+            times.append(f.stat().st_mtime)
+        except (ValueError, OSError):
+            pass
+    return max(times, default=None)
+
+
+def killed_run(stage: str, kind: str, repo: Path, env: dict, whole: dict, rng: random.Random
+               ) -> tuple[float, bool, float]:
+    """Force ``stage`` and SIGKILL it at the moment ``kind`` draws (see the module doc). (seconds it ran, whether
+    the kill landed, seconds of work since the last saved progress: what the kill threw away)."""
     cmd = [sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage]
     t0 = time.time()
     if kind == "random":
@@ -109,7 +129,9 @@ def killed_run(stage: str, kind: str, repo: Path, env: dict, whole: dict, rng: r
         ran = run_and_kill(cmd, repo, env, lambda _: files_written_since(paths, t0) >= target)
     if ran.returncode:
         raise RuntimeError(f"{stage} failed (exit {ran.returncode}) before it could be killed")
-    return ran.seconds, ran.killed
+    saved = last_saved_progress(repo, stage)
+    lost = ran.seconds if saved is None or saved < t0 else t0 + ran.seconds - saved
+    return ran.seconds, ran.killed, lost
 
 
 def mlflow_link(repo: Path, stage: str) -> dict:
@@ -153,14 +175,15 @@ def main() -> None:
             whole = watch_whole_run(stage, repo, env)
             print(f"{stage}: whole run {whole}", flush=True)
             for kind in args.kinds:
-                ran, killed = killed_run(stage, kind, repo, env, whole, rng)
+                ran, killed, lost = killed_run(stage, kind, repo, env, whole, rng)
                 resumed_s, out = dvc(["repro", "--force", "--single-item", stage], repo, env)
                 _, status = dvc(["status", stage], repo, env)
                 cache = damaged_cache_objects(repo)
                 outputs = invalid_outputs(stage_outputs(repo, stage))
                 row = {"stage": stage, "kind": kind, "killed": killed, "whole_s": round(whole["whole_s"], 1),
                        "killed_at_s": round(ran, 1), "killed_at_share": round(ran / whole["whole_s"], 2),
-                       "resume_s": round(resumed_s, 1), "redone_s": round(ran + resumed_s - whole["whole_s"], 1),
+                       "lost_s": round(lost, 1) if killed else 0.0, "resume_s": round(resumed_s, 1),
+                       "redone_s": round(ran + resumed_s - whole["whole_s"], 1),
                        "resumed": any(w in out for w in RESUME_WORDS), "status_clean": "changed" not in status,
                        "cache_whole": not cache, "outputs_parse": not outputs, "problems": cache + outputs,
                        **mlflow_link(repo, stage)}
@@ -168,11 +191,12 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 OUT.parent.mkdir(parents=True, exist_ok=True)
                 OUT.write_text(json.dumps(rows, indent=1))
-    print(f"\n{'stage':12} {'kill':17}{'whole s':>8}{'at':>6}{'resume s':>9}{'redone s':>9}  resumed clean cache "
-          "outputs mlflow")
+    print(f"\n{'stage':12} {'kill':17}{'whole s':>8}{'at':>6}{'lost s':>7}{'resume s':>9}{'redone s':>9}  resumed "
+          "clean cache outputs mlflow")
     for r in rows:
         at = f"{r['killed_at_share']:.0%}" if r["killed"] else "done"
-        print(f"{r['stage']:12} {r['kind']:17}{r['whole_s']:>8}{at:>6}{r['resume_s']:>9}{r['redone_s']:>9}  "
+        print(f"{r['stage']:12} {r['kind']:17}{r['whole_s']:>8}{at:>6}{r['lost_s']:>7}{r['resume_s']:>9}"
+              f"{r['redone_s']:>9}  "
               f"{str(r['resumed']):7} {str(r['status_clean']):5} {str(r['cache_whole']):5} "
               f"{str(r['outputs_parse']):7} "
               f"{'FAILED+linked' if r['killed_run_failed'] else 'linked' if r['linked'] else 'no link'}"

@@ -22,10 +22,12 @@ from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME
 
 
-def checkpoint_dir(root: Path, cfg: BaseModel, seed: int, key_files: list[Path]) -> Path:
-    """A directory unique to this config and these input files (directories: every file inside), so a resumed
-    run never picks up checkpoints made from other inputs."""
-    h = hashlib.sha256(json.dumps([seed, cfg.model_dump()], sort_keys=True).encode())
+def checkpoint_dir(root: Path, cfg: BaseModel, seed: int, key_files: list[Path], known_hashes: dict | None = None
+                   ) -> Path:
+    """A directory unique to this config and these inputs, so a resumed run never picks up checkpoints made from
+    other inputs. Inputs are ``key_files`` (hashed here; a directory: every file inside) and ``known_hashes``
+    (hashes computed elsewhere, e.g. DVC's md5s of the stage's deps, so large inputs are not read again)."""
+    h = hashlib.sha256(json.dumps([seed, cfg.model_dump(), known_hashes or {}], sort_keys=True).encode())
     for path in key_files:
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file():

@@ -22,7 +22,7 @@ from posttrain.errors import UserError
 from posttrain.modeling import load_pretrained
 
 if TYPE_CHECKING:
-    from posttrain.params import GenerationParams
+    from posttrain.params_schema import GenerationParams
 
 
 @dataclass(frozen=True)

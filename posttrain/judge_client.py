@@ -70,6 +70,17 @@ class CostLedger:
     def cost(self) -> float:
         return self.tokens_in / 1000 * self.price_in_per_1k + self.tokens_out / 1000 * self.price_out_per_1k
 
+    def state_dict(self) -> dict:
+        """The counts, for a checkpoint (a resumed run's ledger then covers the whole run)."""
+        with self.lock:
+            return {"calls": self.calls, "cache_hits": self.cache_hits, "tokens_in": self.tokens_in,
+                    "tokens_out": self.tokens_out, "failures": dict(self.failures)}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self.lock:
+            self.calls, self.cache_hits = state["calls"], state["cache_hits"]
+            self.tokens_in, self.tokens_out, self.failures = state["tokens_in"], state["tokens_out"], state["failures"]
+
     def as_metrics(self, prefix: str = "judge.") -> dict[str, float]:
         out = {"calls": self.calls, "cache_hits": self.cache_hits, "tokens_in": self.tokens_in,
                "tokens_out": self.tokens_out, "cost": self.cost,

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import random
-import shutil
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from trl import RewardConfig, RewardTrainer
 
 from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.modeling import device_args
-from posttrain.params import RewardModelParams
+from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, tail
 
 
@@ -61,8 +60,7 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
     Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate).train(resume_from_checkpoint=resume)
     pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs], cfg.eval_batch_size)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    return pm.eval()
+    return pm.eval()  # the checkpoints stay for the stage to remove (see train_sft)
 
 
 def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParams, out: Path, checkpoint_root: Path,
@@ -83,8 +81,7 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out))
     tokenizer.save_pretrained(out)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    return model.eval(), tokenizer
+    return model.eval(), tokenizer  # the checkpoints stay for the stage to remove
 
 
 @torch.no_grad()

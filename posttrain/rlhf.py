@@ -18,8 +18,8 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import random
-import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from posttrain.atomic import atomic_dir
+from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator, trl_vllm_args
@@ -37,6 +37,8 @@ from posttrain.modeling import device_args, load_pretrained
 from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route, upper_pairs
 from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
+
+ROUTING_STATE = "routing_state.json"
 
 
 class RoutedPairwiseReward:
@@ -86,6 +88,28 @@ class RoutedPairwiseReward:
             for key in ("judge/calls", "judge/cost", "judge/cache_hits", "judge/failures"):
                 log_metric(f"{key}_total", ledger[key])
         return rewards
+
+
+class RoutingStateCallback(TrainerCallback):
+    """Saves into every checkpoint what the run has counted so far (routing totals, the judge's ledger, the routing
+    RNG, dev accuracies), so the figures of a resumed run cover the whole run. ``ROUTING_STATE`` is written after
+    the Trainer's own files, so a checkpoint counts as complete only when it is there."""
+
+    def __init__(self, reward: RoutedPairwiseReward, dev: DevAccuracyCallback):
+        self.reward, self.dev = reward, dev
+
+    def on_save(self, args, state, control, **kwargs):
+        rng = self.reward.rng.getstate()
+        atomic_write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / ROUTING_STATE,
+                          {"totals": dict(self.reward.totals), "ledger": self.reward.judge.ledger.state_dict(),
+                           "rng": [rng[0], list(rng[1]), rng[2]], "dev_history": self.dev.history})
+
+    def restore(self, checkpoint: str | Path) -> None:
+        saved = json.loads((Path(checkpoint) / ROUTING_STATE).read_text())
+        self.reward.totals.update(saved["totals"])
+        self.reward.judge.ledger.load_state_dict(saved["ledger"])
+        self.reward.rng.setstate((saved["rng"][0], tuple(saved["rng"][1]), saved["rng"][2]))
+        self.dev.history = [tuple(h) for h in saved["dev_history"]]
 
 
 class DevAccuracyCallback(TrainerCallback):
@@ -140,20 +164,21 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
     dev_cb = DevAccuracyCallback(dev[:cfg.n_dev], tokenizer, cfg.dev_every, cfg.max_new_tokens,
                                  sandbox_limits(params.sandbox), params.sandbox.workers)
     dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
+    state_cb = RoutingStateCallback(reward, dev_cb)
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
-    resume = last_complete_checkpoint(ckpt)
+    resume = last_complete_checkpoint(ckpt, marker=ROUTING_STATE)
     if resume:
         print(f"rlhf_routed: resuming from {resume}")
+        state_cb.restore(resume)
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlhf_routed.resumed_from", resume)
     trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb])
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb, state_cb])
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    return dev_cb
+    return dev_cb  # the checkpoints stay for the stage to remove once its outputs are saved
 
 
 def own_choice_accuracy(model_dir: str, records: list[dict], max_new_tokens: int, sandbox) -> dict:

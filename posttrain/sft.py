@@ -16,20 +16,25 @@ import json
 import shutil
 from pathlib import Path
 
-import mlflow
 from datasets import Dataset
 from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
+import mlflow
 from posttrain.atomic import atomic_dir
 from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.modeling import device_args, load_pretrained
-from posttrain.params import WarmupParams
+from posttrain.params_schema import WarmupParams
 
 
 def tokens_seen(log_history: list[dict]) -> int:
     """Training tokens so far, as TRL logs them (``num_tokens``, cumulative)."""
     return int(max((log.get("num_tokens", 0) for log in log_history), default=0))
+
+
+def last_logged_loss(log_history: list[dict], default: float) -> float:
+    """The last training loss the Trainer logged (over the whole run, before and after a resume), else ``default``."""
+    return next((log["loss"] for log in reversed(log_history) if "loss" in log), default)
 
 
 def sft_config(cfg: WarmupParams, output_dir: Path, seed: int, keep_all: bool = False) -> SFTConfig:
@@ -65,6 +70,10 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     With ``snapshots``, every checkpoint before the last step is also kept (weights and tokenizer only) as
     ``<snapshots>/step-<n>``: SePPO draws its reference models from them.
 
+    The checkpoints, the final one included, stay under ``checkpoint_root`` for the caller to remove once all
+    its outputs are saved: a stage killed while it trains its next model then resumes this one at its end
+    instead of training it again.
+
     Returns ``{"train_tokens", "train_tokens_per_s", "final_loss", "resumed_from"}`` (also logged to MLflow).
     """
     tokenizer, model = load_pretrained(init_model)
@@ -82,14 +91,14 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     result = trainer.train(resume_from_checkpoint=resume)
     n_tokens = tokens_seen(trainer.state.log_history) - tokens_before
     summary = {"train_tokens": n_tokens, "train_tokens_per_s": n_tokens / max(result.metrics["train_runtime"], 1e-9),
-               "final_loss": result.metrics["train_loss"], "n_examples": len(examples)}
+               "final_loss": last_logged_loss(trainer.state.log_history, result.metrics["train_loss"]),
+               "n_examples": len(examples)}
     mlflow.log_metrics({f"{metric_prefix}{k}": v for k, v in summary.items()})
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
     if snapshots is not None:
         save_snapshots(ckpt, Path(snapshots), cfg.max_steps)
-    shutil.rmtree(ckpt, ignore_errors=True)
     print(f"{name}: {n_tokens} tokens at {summary['train_tokens_per_s']:.0f} tokens/s, final loss "
           f"{summary['final_loss']:.3f} -> {out}/")
     return {**summary, "resumed_from": resume}

@@ -32,7 +32,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from posttrain.atomic import atomic_write_json
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import open_generator
-from posttrain.params import EvaluateParams, Params
+from posttrain.params_schema import EvaluateParams, Params
 from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import Trajectory, plain_prompt, prompt, split_choice
 

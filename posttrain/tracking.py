@@ -23,10 +23,11 @@ import socket
 import subprocess
 from pathlib import Path
 
-import mlflow
 from mlflow.tracking import MlflowClient
 
-from posttrain.params import Params, flatten
+import mlflow
+from posttrain.params import flatten
+from posttrain.params_schema import Params
 
 PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
 SWEEP_ENV, VARIANT_ENV = "POSTTRAIN_SWEEP", "POSTTRAIN_VARIANT"  # set by flows/sweep.py for each variant
@@ -88,11 +89,11 @@ def dvc_hashes(stage: str, which: str) -> dict[str, str]:
 
 def _process_gone(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0 only checks; PermissionError means alive but owned by someone else
     except ProcessLookupError:
         return True
-    except PermissionError:  # alive, owned by someone else
-        return False
+    except PermissionError:
+        pass
     return False
 
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import random
 
-import mlflow
 from transformers import set_seed
 
+import mlflow
 from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.modeling import build_llama, count_parameters, load_pretrained, train_tokenizer
-from posttrain.params import ModelParams, load_params
+from posttrain.params import load_params
+from posttrain.params_schema import ModelParams
 from posttrain.task.arithmetic import Problem
 from posttrain.task.solutions import render_response
 from posttrain.tracking import stage_run

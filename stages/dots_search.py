@@ -20,16 +20,17 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import mlflow
 from tqdm.auto import tqdm
 
+import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.dots import SearchConfig, search_trajectories
 from posttrain.errors import stage_main
 from posttrain.executor import TrajectoryExecutor
 from posttrain.generation import open_generator
 from posttrain.jsonl import read_jsonl
-from posttrain.params import Params, load_params
+from posttrain.params import load_params
+from posttrain.params_schema import Params
 from posttrain.sandbox import sandbox_limits
 from posttrain.tracking import stage_run
 from posttrain.trajectories import BY_NAME, TRAJECTORIES

@@ -17,17 +17,18 @@ import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import mlflow
 
+import mlflow
 from posttrain.atomic import atomic_write_json, atomic_write_text
 from posttrain.checkpoints import checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
 from posttrain.jsonl import read_jsonl
-from posttrain.params import EvaluateParams, load_params
+from posttrain.params import load_params
+from posttrain.params_schema import EvaluateParams
 from posttrain.sharded_evaluation import SOLVER, plan_shards, run_shards
 from posttrain.task.records import DataError
-from posttrain.tracking import stage_run
+from posttrain.tracking import dvc_hashes, stage_run
 from posttrain.trajectories import BY_NAME, TRAJECTORIES
 
 TEST = "data/prepared/test.jsonl"
@@ -93,8 +94,11 @@ def main() -> None:
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        done_dir = checkpoint_dir(CHECKPOINTS, params, params.seed,
-                                  [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})])
+        # the resume key: DVC's md5s of every dep (models, data, code; DVC keeps them in its state db, so the
+        # weights are not read again); outside a DVC repository, the bytes of the data and models themselves
+        deps = dvc_hashes("evaluate", "dep")
+        key_files = [] if deps else [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})]
+        done_dir = checkpoint_dir(CHECKPOINTS, params, params.seed, key_files, known_hashes=deps)
         already = sum((done_dir / s.filename).is_file() for s in shards)
         if already:
             print(f"evaluate: resuming, {already} of {len(shards)} shards already scored")

@@ -9,10 +9,10 @@ import json
 from collections import Counter
 
 import mlflow
-
 from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
-from posttrain.params import Params, PrepareParams, TaskParams, load_params
+from posttrain.params import load_params
+from posttrain.params_schema import Params, PrepareParams, TaskParams
 from posttrain.task.arithmetic import generate_problems
 from posttrain.task.records import DataError, find_split_overlaps, read_records
 from posttrain.tracking import stage_run

@@ -15,15 +15,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import mlflow
 from datasets import Dataset
 from transformers import AutoTokenizer
 
+import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
-from posttrain.params import Params, load_params
+from posttrain.params import load_params
+from posttrain.params_schema import Params
 from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
 from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
 from posttrain.sandbox import sandbox_limits
@@ -60,8 +61,7 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    return trainer, dev_cb
+    return trainer, dev_cb  # the checkpoints stay for main() to remove once the outputs are saved
 
 
 @stage_main
@@ -92,6 +92,7 @@ def main() -> None:
               f"{totals.get('responses', 0)} responses ({metrics['responses_per_prompt']:.2f} per prompt), "
               f"{totals.get('tokens', 0)} tokens, zero-advantage share {metrics['zero_advantage_share']:.2f}, "
               f"generation {metrics['generation_share']:.0%} of step time")
+        shutil.rmtree(CHECKPOINTS, ignore_errors=True)  # every output is saved: a re-run has nothing to resume
 
 
 if __name__ == "__main__":

@@ -269,6 +269,26 @@ def test_rlvr_ar3po_resumes_after_a_kill(repro):
     assert_nothing_lost(repo, "rlvr_ar3po", ["models/rlvr"])
 
 
+def test_rlhf_routed_resumes_with_its_judge_ledger_and_dev_history(repro):
+    """Killed after its second checkpoint, the resumed run's figures still cover all its steps: every routed pair's
+    verdict (asked in both orders, paid or from the cache) is in the ledger, and the dev accuracy of step 2 is kept."""
+    from posttrain.routing import budget_count
+
+    repo, _ = repro
+    set_params(repo, "rlhf", max_steps=4, save_steps=1, dev_every=2)
+    cfg = yaml.safe_load((repo / "params.yaml").read_text())["rlhf"]
+    cmd = ["dvc", "repro", "--single-item", "rlhf_routed"]
+    kill_when(cmd, repo, lambda: bool(list((repo / "checkpoints/rlhf_routed").glob("*/checkpoint-2/routing_state.json"))))
+    out = run(cmd, repo)
+    assert "rlhf_routed: resuming from" in out and "checkpoint-" in out
+    metrics = json.loads((repo / "reports/metrics/rlhf_routed.json").read_text())
+    n = cfg["n_responses"]
+    routed = cfg["max_steps"] * cfg["prompts_per_step"] * budget_count(n * (n - 1) // 2, cfg["budget"])
+    assert metrics["judge_calls"] + metrics["judge_cache_hits"] == 2 * routed  # both orders asked
+    assert [step for step, _ in metrics["dev_accuracy"]] == [2, 4]
+    assert_nothing_lost(repo, "rlhf_routed", ["models/rlhf", "reports/routing"])
+
+
 def test_rlhf_routed_survives_every_judge_fault(repro):
     """The local judge injects every fault it knows on most requests; the stage finishes, each failed pair falls back
     to the PM, and every failure is counted by kind in MLflow."""

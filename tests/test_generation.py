@@ -3,11 +3,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from tiny_model import tiny_scratch_model
 
 from posttrain.generation import EngineError, HFGenerator, open_generator
-from posttrain.params import GenerationParams
+from posttrain.params_schema import GenerationParams
 from posttrain.trajectories import prompt
-from tiny_model import tiny_scratch_model
 
 HF = GenerationParams(engine="hf", dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1)
 

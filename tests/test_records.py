@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from posttrain.params import JsonlFiles, load_params
+from posttrain.params import load_params
+from posttrain.params_schema import JsonlFiles
 from posttrain.task.records import DataError, find_split_overlaps, read_records
 from stages.prepare import prepare, resolve_overlaps, synthetic_splits
 

@@ -1,0 +1,319 @@
+"""The params.yaml schema: one pydantic model per section, every field typed and documented in one line.
+
+Every key is required (params.yaml is the single place defaults live, so DVC tracks them all) and an unknown key
+is an error (it is almost always a typo). Loading and the one-line error messages are in ``posttrain.params``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DEEPSPEED_DOC = ("a DeepSpeed JSON config for this trainer (configs/deepspeed/zero2.json, zero3.json; "
+                 "zero1_cpu.json runs on a CPU); null = plain PyTorch")
+
+
+def _existing_json(path: str | None) -> str | None:
+    """A DeepSpeed config path must name a readable JSON file (relative to the repository root)."""
+    if path is not None:
+        try:
+            json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path!r} is not a readable JSON file ({type(e).__name__})") from None
+    return path
+
+
+DeepSpeedConfig = Annotated[str | None, AfterValidator(_existing_json)]
+
+
+class JsonlFiles(_Section):
+    train: str = Field(description="path of the training JSONL")
+    dev: str = Field(description="path of the development JSONL")
+    test: str = Field(description="path of the test JSONL")
+
+
+class TaskParams(_Section):
+    source: Literal["synthetic", "jsonl"] = Field(description="generate the arithmetic domain, or ingest JSONL files")
+    jsonl: JsonlFiles | None = Field(description="the user's files when source is jsonl, else null")
+    max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
+    max_operand: int = Field(ge=2, description="synthetic: largest add/sub operand (start values go up to max_value / 2)")
+    max_value: int = Field(ge=10, description="synthetic: no intermediate value of a chain exceeds this")
+    kind_weights: dict[Literal["chain", "bignum", "distractor", "repeat"], float] = Field(
+        description="synthetic: mixture of question kinds (chain, bignum, distractor, repeat), weights >= 0")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _some_weight(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in v.values()) or not any(w > 0 for w in v.values()):
+            raise ValueError("weights must be >= 0 with at least one > 0")
+        return v
+
+
+class PrepareParams(_Section):
+    n_train: int = Field(ge=1, description="synthetic: training questions")
+    n_dev: int = Field(ge=1, description="synthetic: development questions")
+    n_test: int = Field(ge=1, description="synthetic: test questions")
+    on_overlap: Literal["error", "drop"] = Field(
+        description="an id/question shared across splits: stop, or drop it from the later split")
+
+
+class ModelParams(_Section):
+    base: str = Field(min_length=1, description="'scratch', a Hugging Face hub id, or a local model directory")
+    vocab_size: int = Field(ge=64, description="scratch: BPE vocabulary size")
+    split_digits: bool = Field(description="scratch: one token per digit (else BPE may merge whole numbers)")
+    hidden_size: int = Field(ge=8, description="scratch: model width")
+    num_layers: int = Field(ge=1, description="scratch: transformer blocks")
+    num_heads: int = Field(ge=1, description="scratch: attention heads (must divide hidden_size)")
+    intermediate_size: int = Field(ge=8, description="scratch: MLP width")
+    max_position: int = Field(ge=64, description="scratch: longest sequence in tokens")
+
+
+class TrainingParams(_Section):
+    max_steps: int = Field(ge=1, description="optimizer steps")
+    batch_size: int = Field(ge=1, description="sequences per device batch")
+    grad_accum: int = Field(ge=1, description="gradient accumulation steps")
+    learning_rate: float = Field(gt=0, description="peak learning rate (cosine schedule)")
+    warmup_ratio: float = Field(ge=0, le=1, description="share of steps spent warming up the learning rate")
+    weight_decay: float = Field(ge=0, description="AdamW weight decay")
+    max_length: int = Field(ge=16, description="truncate training sequences to this many tokens")
+    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point after a kill)")
+    logging_steps: int = Field(ge=1, description="log loss to MLflow every this many steps")
+    deepspeed: DeepSpeedConfig = Field(description=DEEPSPEED_DOC)
+
+
+class WarmupParams(TrainingParams):
+    open_choice_fraction: float = Field(
+        ge=0, le=1, description="share of examples whose prompt leaves the trajectory for the model to name")
+
+
+class SftParams(TrainingParams):
+    planner: Literal["internal", "external"] = Field(
+        description="the planner reported as DOTS: internal (the solver names its own trajectory) or external "
+                    "(a separate planner model names it and the warm-up solver follows); both are trained")
+    external_max_steps: int = Field(ge=1, description="optimizer steps of the external planner")
+    min_examples: int = Field(ge=0, description="fewer kept search questions than this stop the stage; with none "
+                                                "kept and min_examples 0, the planners are copies of the solver")
+
+
+class SandboxParams(_Section):
+    """Limits for every model-written program (DOTS ``pot``), wherever it runs."""
+
+    cpu_seconds: int = Field(ge=1, description="CPU time per program")
+    wall_seconds: float = Field(gt=0, description="wall time per program")
+    memory_mb: int = Field(ge=32, description="address-space limit per program")
+    workers: int = Field(ge=1, description="programs run at once")
+
+
+class DotsSearchParams(_Section):
+    n_questions: int | None = Field(ge=1, description="search the first n training questions (null = all)")
+    iterations: int = Field(ge=1, description="K: search iterations")
+    n_eval: int = Field(ge=1, description="N_eval: samples per candidate trajectory per iteration")
+    keep: list[int] = Field(min_length=1, description="N_k: candidates kept after each iteration (one per iteration)")
+    temperature: float = Field(gt=0, description="solver sampling temperature (> 0: the search needs variety)")
+    verify_retries: int = Field(ge=0, description="re-solves after a failed self-check (verify action)")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+    chunk_size: int = Field(ge=1, description="questions per resumable chunk")
+
+    @model_validator(mode="after")
+    def _keep_per_iteration(self):
+        if len(self.keep) != self.iterations:
+            raise ValueError(f"keep has {len(self.keep)} entries, expected one per iteration ({self.iterations})")
+        return self
+
+
+class SeppoSampleParams(_Section):
+    """SePPO reference sampling (METHODS.md section 2): reference responses from earlier SFT checkpoints."""
+
+    n_prompts: int | None = Field(ge=1, description="sample for the first n training prompts (null = all)")
+    samples_per_prompt: int = Field(ge=1, description="reference responses per prompt, each from its own checkpoint")
+    temperature: float = Field(gt=0, description="reference sampling temperature")
+    label: Literal["verifier", "anchor"] = Field(
+        description="what decides chosen/rejected in the written pairs: the task verifier, or the anchor rule (AAF)")
+    batch_size: int = Field(ge=1, description="prompts per generation / log-prob batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+
+
+class PreferenceBenchmarkParams(_Section):
+    """The held-out preference benchmark, built from the test split only."""
+
+    samples_per_checkpoint: int = Field(ge=1, description="responses per test question from each checkpoint")
+    reference_solutions: bool = Field(
+        description="also a verified reference solution per question (decisive pairs even from weak checkpoints)")
+    temperature: float = Field(gt=0, description="sampling temperature (variety between responses)")
+    pairs_per_difficulty: int = Field(ge=1, description="decisive pairs (one right, one wrong) per difficulty")
+    hard_pairs_per_difficulty: int = Field(
+        ge=0, description="tie pairs per difficulty and kind (both wrong, different answers; both right, different lengths)")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+
+
+class RewardModelParams(TrainingParams):
+    """The pairwise preference model with uncertainty, and the pointwise baseline (METHODS.md section 3)."""
+
+    estimator: Literal["sngp", "mc_dropout", "ensemble"] = Field(description="uncertainty estimator of the PM head")
+    random_features: int = Field(ge=8, description="sngp: D, random Fourier features")
+    feature_scale: float = Field(gt=0, description="sngp: sigma, std of the frozen random projection W")
+    ridge: float = Field(gt=0, description="sngp: ridge of the Laplace precision matrix")
+    uncertainty_lambda: float = Field(ge=0, description="lambda in u = sqrt(1 + lambda * var)")
+    uncertainty_score: Literal["predictive", "variance"] = Field(
+        description="routing score: predictive = 1 - |2 sigmoid(g/u) - 1|, variance = u (the paper's)")
+    dropout: float = Field(ge=0, lt=1, description="mc_dropout: dropout rate on the pooled features")
+    mc_samples: int = Field(ge=2, description="mc_dropout: stochastic passes per pair")
+    ensemble_size: int = Field(ge=2, description="ensemble: independently initialised heads on the shared backbone")
+    max_response_tokens: int = Field(ge=8, description="each response keeps at most its last this many tokens")
+    pointwise_max_steps: int = Field(ge=1, description="steps of the pointwise Bradley-Terry RM baseline (TRL RewardTrainer)")
+    eval_batch_size: int = Field(ge=1, description="pairs per scoring batch")
+
+
+class PolicyOptParams(TrainingParams):
+    """Offline policy optimisation on the SePPO pairs (bench/seppo_vs_dpo.py compares the two losses)."""
+
+    loss: Literal["seppo", "dpo"] = Field(description="seppo (anchor-based flip of the reference sample) or dpo")
+    beta: float = Field(gt=0, description="inverse temperature of the preference loss")
+
+
+JudgeFault = Literal["http_500", "http_429", "timeout", "malformed_json", "truncated_json", "no_verdict",
+                     "connection_reset"]
+
+
+class JudgeParams(_Section):
+    """The pairwise LLM judge (OpenAI chat-completions protocol) and the local judge service."""
+
+    base_url: str | None = Field(description="an OpenAI-compatible endpoint (e.g. http://host:8000/v1); "
+                                             "null = start the local judge service")
+    model: str = Field(min_length=1, description="model name sent to the endpoint (and part of the cache key)")
+    api_key_env: str | None = Field(description="environment variable holding the API key (never logged)")
+    backend: Literal["verifier", "hf"] = Field(description="local service: task verifier or a local HF model")
+    hf_model: str = Field(description="local service, hf backend: the model directory or hub id")
+    criteria: str = Field(min_length=1, description="what the judge is told to compare")
+    both_orders: bool = Field(description="ask (A, B) and (B, A); disagreement counts as a tie")
+    temperature: float = Field(ge=0, description="judge sampling temperature")
+    concurrency: int = Field(ge=1, description="requests in flight at once")
+    requests_per_minute: float = Field(gt=0, description="request starts per minute, at most")
+    timeout_s: float = Field(gt=0, description="per-request timeout")
+    max_retries: int = Field(ge=0, description="retries after a failed request, then fall back to the RM")
+    backoff_s: float = Field(ge=0, description="first retry wait (exponential with jitter after)")
+    max_backoff_s: float = Field(ge=0, description="longest retry wait (also caps Retry-After)")
+    price_in_per_1k: float = Field(ge=0, description="price per 1000 prompt tokens")
+    price_out_per_1k: float = Field(ge=0, description="price per 1000 completion tokens")
+    cache: str = Field(min_length=1, description="SQLite verdict cache (kept across runs: a re-run never pays twice)")
+    latency_s: float = Field(ge=0, description="local service: added latency per request")
+    faults: dict[JudgeFault, float] = Field(description="local service: fault -> probability per request (http_500, "
+                                                        "http_429, timeout, malformed_json, truncated_json, "
+                                                        "no_verdict, connection_reset)")
+
+    @field_validator("faults")
+    @classmethod
+    def _probabilities(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(not 0 <= p <= 1 for p in v.values()) or sum(v.values()) > 1:
+            raise ValueError("each probability must be in [0, 1] and they must sum to at most 1")
+        return v
+
+
+class OnlinePolicyParams(_Section):
+    """What every online policy-gradient stage (TRL GRPOTrainer) shares."""
+
+    prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step")
+    max_steps: int = Field(ge=1, description="optimizer steps")
+    learning_rate: float = Field(gt=0, description="policy learning rate")
+    kl_beta: float = Field(ge=0, description="KL penalty to the reference (SFT) policy")
+    clip_epsilon: float = Field(gt=0, description="PPO-style ratio clip")
+    temperature: float = Field(gt=0, description="sampling temperature of the policy")
+    max_new_tokens: int = Field(ge=1, description="response length cap")
+    dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
+    n_dev: int = Field(ge=1, description="dev questions for that accuracy")
+    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
+    deepspeed: DeepSpeedConfig = Field(description=DEEPSPEED_DOC)
+    vllm: Literal["colocate", "server"] | None = Field(
+        description="rollouts through TRL's vLLM integration (GPUs): colocate = an engine in the trainer's process, "
+                    "server = `trl vllm-serve` at vllm_server_url; null = HF generate")
+    vllm_server_url: str = Field(description="vllm: server mode: the `trl vllm-serve` address, weights synced to it")
+
+
+class RlhfParams(OnlinePolicyParams):
+    """Uncertainty-routed online RLHF (the `rlhf_routed` stage), on TRL's GRPOTrainer."""
+
+    routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
+        description="which pairs the judge decides")
+    threshold: float = Field(ge=0, description="uncertainty: route pairs whose uncertainty (train_rm.uncertainty_score) "
+                                               "is above this")
+    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each prompt's pairs judged")
+    uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
+    advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
+    n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
+    pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
+    eval_budgets: list[float] = Field(min_length=1, description="routing evaluation: judge budgets on the benchmark")
+    eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
+
+
+class RlvrParams(OnlinePolicyParams):
+    """RLVR with the task verifier as reward (the `rlvr_ar3po` stage): AR3PO, or GRPO / DAPO as baselines."""
+
+    algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
+    n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
+    stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
+    k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
+    buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
+    max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
+    n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
+                                                   "(null = all); reuse needs prompts that come back")
+
+
+class EvaluateParams(_Section):
+    models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
+    n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
+    dots: bool = Field(
+        description="also evaluate the sft stage's models: DOTS planners (internalized, external) and vanilla SFT")
+    formats: Literal["all", "own_choice"] | list[str] = Field(
+        description="'all' = the 12 trajectories + own choice, 'own_choice', or a list of trajectory names")
+    batch_size: int = Field(ge=1, description="prompts per generation batch")
+    max_new_tokens: int = Field(ge=1, description="generation length cap")
+    policies: list[str] = Field(description="later-stage policies under models/ scored on own choice only (sft, rlhf, ...)")
+    workers: int = Field(ge=0, description="Ray workers (CPUs) for the evaluation shards; 0 = in this process, one at a time")
+    ray_address: str | None = Field(description="an existing Ray cluster (ray://host:10001 or auto); null = a local one")
+    shard_size: int = Field(ge=1, description="questions per shard (shards never depend on the worker count)")
+
+
+class GenerationParams(_Section):
+    """The engine behind evaluation, DOTS search and SePPO sampling; training always generates with HF."""
+
+    engine: Literal["hf", "vllm"] = Field(description="hf = transformers generate (the CPU default); vllm = vLLM's engine")
+    dtype: str = Field(min_length=1, description="vllm: weight dtype (float32 on CPUs; auto or bfloat16 on GPUs)")
+    gpu_memory_utilization: float = Field(gt=0, le=1, description="vllm: share of GPU memory for weights and KV cache "
+                                                                   "(vllm-cpu: share of the RAM)")
+    tensor_parallel_size: int = Field(ge=1, description="vllm: GPUs per engine")
+
+
+class TrackingParams(_Section):
+    uri: str = Field(description="MLflow tracking URI (default: a SQLite file in the repo)")
+    artifact_root: str = Field(description="where a new experiment stores artifacts")
+    experiment: str = Field(min_length=1, description="MLflow experiment name")
+
+
+class Params(_Section):
+    seed: int = Field(description="seeds data generation, model init, training and sampling")
+    task: TaskParams
+    prepare: PrepareParams
+    model: ModelParams
+    sandbox: SandboxParams
+    warmup: WarmupParams
+    dots_search: DotsSearchParams
+    sft: SftParams
+    seppo_sample: SeppoSampleParams
+    preference_benchmark: PreferenceBenchmarkParams
+    train_rm: RewardModelParams
+    policy_opt: PolicyOptParams
+    judge: JudgeParams
+    rlhf: RlhfParams
+    rlvr: RlvrParams
+    evaluate: EvaluateParams
+    generation: GenerationParams
+    tracking: TrackingParams
