@@ -105,7 +105,8 @@ def damaged_cache_objects(repo: Path) -> list[str]:
 
 def invalid_outputs(paths: list[Path]) -> list[str]:
     """Files under ``paths`` that do not parse as their kind (JSONL row by row, JSON, safetensors headers, torch
-    zips, CSV): what a consumer of a stage's outputs would trip on."""
+    zips, CSV, PNG): what a consumer of a stage's outputs would trip on."""
+    from PIL import Image
     from safetensors import safe_open
 
     from posttrain.jsonl import read_jsonl
@@ -126,7 +127,10 @@ def invalid_outputs(paths: list[Path]) -> list[str]:
                 elif f.suffix in (".pt", ".bin") and not zipfile.is_zipfile(f):
                     raise ValueError("not a whole torch archive")
                 elif f.suffix == ".csv":
-                    csv.reader(f.read_text().splitlines())
+                    list(csv.reader(f.read_text().splitlines()))
+                elif f.suffix == ".png":
+                    with Image.open(f) as image:
+                        image.verify()
             except Exception as e:  # noqa: BLE001 - any failure to parse is the finding
                 bad.append(f"{f}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return bad

@@ -9,11 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
 import torch
 import yaml
 from safetensors.torch import save_file
 
 from posttrain.workspace import damaged_cache_objects, invalid_outputs, run_and_kill
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def _cache_object(repo: Path, content: bytes, suffix: str = "") -> str:
@@ -62,8 +66,11 @@ def test_invalid_outputs_names_each_file_that_does_not_parse(tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(whole[: len(whole) - 100])
     torch.save({"x": 1}, tmp_path / "optimizer.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "optimizer.pt").read_bytes()[:50])
+    plt.figure().savefig(tmp_path / "plot.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "plot.png").read_bytes()[:200])
     bad = invalid_outputs([tmp_path])
-    assert sorted(Path(b.split(":")[0]).name for b in bad) == ["cut.json", "cut.jsonl", "cut.pt", "cut.safetensors"]
+    assert sorted(Path(b.split(":")[0]).name for b in bad) == ["cut.json", "cut.jsonl", "cut.png", "cut.pt",
+                                                                "cut.safetensors"]
 
 
 def test_run_and_kill_kills_the_whole_process_group_at_the_chosen_moment(tmp_path):
