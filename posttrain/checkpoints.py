@@ -35,20 +35,24 @@ def checkpoint_dir(root: Path, cfg: BaseModel, seed: int, key_files: list[Path],
     return root / h.hexdigest()[:16]
 
 
-def damaged_files(checkpoint: Path) -> list[str]:
-    """Names of the weight and state files in ``checkpoint`` that are cut short or unreadable (cheap: headers and
-    zip directories only, no tensor is read)."""
-    bad = []
-    for path in sorted(checkpoint.glob("*.safetensors")):
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def is_damaged(path: Path) -> bool:
+    """True when a weight or state file (safetensors, or a torch.save zip) is cut short or unreadable (cheap:
+    the header or the zip directory only, no tensor is read)."""
+    if path.suffix == ".safetensors":
         try:
             with safe_open(str(path), framework="pt"):
-                pass
+                return False
         except (SafetensorError, OSError):
-            bad.append(path.name)
-    for path in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
-        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no central directory
-            bad.append(path.name)
-    return bad
+            return True
+    return not zipfile.is_zipfile(path)  # torch.save writes a zip archive; a cut one has no central directory
+
+
+def damaged_files(checkpoint: Path) -> list[str]:
+    """Names of the weight and state files in ``checkpoint`` that are cut short or unreadable."""
+    return [p.name for p in sorted(checkpoint.iterdir()) if p.suffix in WEIGHT_SUFFIXES and is_damaged(p)]
 
 
 def is_complete(checkpoint: Path, marker: str = TRAINER_STATE_NAME) -> bool:

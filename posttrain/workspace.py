@@ -15,10 +15,9 @@ import shutil
 import signal
 import subprocess
 import time
-import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 import yaml
 
@@ -107,8 +106,8 @@ def invalid_outputs(paths: list[Path]) -> list[str]:
     """Files under ``paths`` that do not parse as their kind (JSONL row by row, JSON, safetensors headers, torch
     zips, CSV, PNG): what a consumer of a stage's outputs would trip on."""
     from PIL import Image
-    from safetensors import safe_open
 
+    from posttrain.checkpoints import WEIGHT_SUFFIXES, is_damaged
     from posttrain.jsonl import read_jsonl
 
     bad = []
@@ -121,11 +120,8 @@ def invalid_outputs(paths: list[Path]) -> list[str]:
                     read_jsonl(f)
                 elif f.suffix == ".json":
                     json.loads(f.read_text())
-                elif f.suffix == ".safetensors":
-                    with safe_open(str(f), framework="pt"):
-                        pass
-                elif f.suffix in (".pt", ".bin") and not zipfile.is_zipfile(f):
-                    raise ValueError("not a whole torch archive")
+                elif f.suffix in WEIGHT_SUFFIXES and is_damaged(f):
+                    raise ValueError("cut short or unreadable weights")
                 elif f.suffix == ".csv":
                     list(csv.reader(f.read_text().splitlines()))
                 elif f.suffix == ".png":
