@@ -18,6 +18,7 @@ import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import TextIO
 
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
@@ -61,6 +62,16 @@ def read_done(path: Path) -> dict[str, dict]:
                 continue
             done[rec["id"]] = rec
     return done
+
+
+def open_progress(path: Path) -> TextIO:
+    """The progress file, opened for appending. A last line a kill cut short is ended first, so the next record
+    does not join it (``read_done`` skips the cut line, and its question is searched again)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = path.open("a", encoding="utf-8")
+    if log.tell() and not path.read_bytes().endswith(b"\n"):
+        log.write("\n")
+    return log
 
 
 def summarize(results: list[dict], records: dict[str, dict]) -> dict:
@@ -137,9 +148,8 @@ def main() -> None:
             return [sum(rows[j * n + s]["correct"] for s in range(n)) for j in range(len(jobs))]
 
         todo = [r["id"] for r in records if r["id"] not in done]
-        progress_file.parent.mkdir(parents=True, exist_ok=True)
-        with progress_file.open("a", encoding="utf-8") as log, tqdm(total=len(records), initial=len(done),
-                                                                   desc="dots_search", unit="question") as bar:
+        with open_progress(progress_file) as log, tqdm(total=len(records), initial=len(done), desc="dots_search",
+                                                       unit="question") as bar:
             for start in range(0, len(todo), cfg.chunk_size):
                 chunk = todo[start:start + cfg.chunk_size]
                 t0 = time.perf_counter()

@@ -68,3 +68,16 @@ def test_resume_file_ignores_a_line_cut_by_a_kill(tmp_path):
     path.write_text('{"id": "a", "optimal": "cot"}\n{"id": "b", "optimal": "pot"}\n{"id": "c", "opt')
     assert sorted(read_done(path)) == ["a", "b"]
     assert read_done(tmp_path / "missing.jsonl") == {}
+
+
+def test_the_record_after_a_cut_line_is_kept(tmp_path):
+    from stages.dots_search import open_progress, read_done
+
+    path = tmp_path / "done.jsonl"
+    path.write_text('{"id": "a", "optimal": "cot"}\n{"id": "b", "opt')
+    with open_progress(path) as log:
+        log.write('{"id": "c", "optimal": "pot"}\n')
+    assert sorted(read_done(path)) == ["a", "c"]
+    with open_progress(path) as log:  # a whole file gets no blank line
+        log.write('{"id": "d", "optimal": "pot"}\n')
+    assert path.read_text().endswith('"pot"}\n{"id": "d", "optimal": "pot"}\n')
