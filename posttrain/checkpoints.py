@@ -13,26 +13,44 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import warnings
 import zipfile
 from pathlib import Path
 
+import mlflow
 from pydantic import BaseModel
 from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME
 
 
-def checkpoint_dir(root: Path, cfg: BaseModel, seed: int, key_files: list[Path], known_hashes: dict | None = None
-                   ) -> Path:
-    """A directory unique to this config and these inputs, so a resumed run never picks up checkpoints made from
-    other inputs. Inputs are ``key_files`` (hashed here; a directory: every file inside) and ``known_hashes``
-    (hashes computed elsewhere, e.g. DVC's md5s of the stage's deps, so large inputs are not read again)."""
-    h = hashlib.sha256(json.dumps([seed, cfg.model_dump(), known_hashes or {}], sort_keys=True).encode())
-    for path in key_files:
+def stage_dep_hashes() -> dict[str, str]:
+    """DVC's md5s of the running stage's deps (code, data, upstream models), as ``stage_run`` tagged its MLflow
+    run; {} outside a stage run."""
+    run = mlflow.active_run()
+    return {k: v for k, v in run.data.tags.items() if k.startswith("dvc.dep.")} if run is not None else {}
+
+
+def checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
+    """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
+    checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's
+    deps (code included; no file is read again); elsewhere the bytes of ``key_files`` (a directory: every file).
+
+    Checkpoints outlive a successful run: a kill after the stage finished but before DVC recorded its outputs
+    (DVC hashes and caches them after the stage exits) then resumes at the end instead of starting over.
+    Directories of other keys under ``root`` are stale, and are removed here."""
+    deps = stage_dep_hashes()
+    config = cfg if isinstance(cfg, dict) else cfg.model_dump()
+    h = hashlib.sha256(json.dumps([seed, config, deps], sort_keys=True).encode())
+    for path in [] if deps else key_files:
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file():
                 h.update(f.read_bytes())
-    return root / h.hexdigest()[:16]
+    key_dir = Path(root) / h.hexdigest()[:16]
+    for stale in Path(root).iterdir() if Path(root).is_dir() else []:
+        if stale != key_dir:
+            shutil.rmtree(stale, ignore_errors=True)
+    return key_dir
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

@@ -60,7 +60,7 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
     Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate).train(resume_from_checkpoint=resume)
     pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs], cfg.eval_batch_size)
-    return pm.eval()  # the checkpoints stay for the stage to remove (see train_sft)
+    return pm.eval()  # the checkpoints stay (see checkpoint_dir)
 
 
 def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParams, out: Path, checkpoint_root: Path,
@@ -81,7 +81,7 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out))
     tokenizer.save_pretrained(out)
-    return model.eval(), tokenizer  # the checkpoints stay for the stage to remove
+    return model.eval(), tokenizer  # the checkpoints stay (see checkpoint_dir)
 
 
 @torch.no_grad()

@@ -39,6 +39,7 @@ from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
 
 ROUTING_STATE = "routing_state.json"
+DEV_HISTORY = "dev_history.json"
 
 
 class RoutedPairwiseReward:
@@ -92,28 +93,28 @@ class RoutedPairwiseReward:
 
 class RoutingStateCallback(TrainerCallback):
     """Saves into every checkpoint what the run has counted so far (routing totals, the judge's ledger, the routing
-    RNG, dev accuracies), so the figures of a resumed run cover the whole run. ``ROUTING_STATE`` is written after
-    the Trainer's own files, so a checkpoint counts as complete only when it is there."""
+    RNG), so the figures of a resumed run cover the whole run. ``ROUTING_STATE`` is written after the Trainer's own
+    files and the dev history (callbacks run in order), so a checkpoint counts as complete only when it is there."""
 
-    def __init__(self, reward: RoutedPairwiseReward, dev: DevAccuracyCallback):
-        self.reward, self.dev = reward, dev
+    def __init__(self, reward: RoutedPairwiseReward):
+        self.reward = reward
 
     def on_save(self, args, state, control, **kwargs):
         rng = self.reward.rng.getstate()
         atomic_write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / ROUTING_STATE,
                           {"totals": dict(self.reward.totals), "ledger": self.reward.judge.ledger.state_dict(),
-                           "rng": [rng[0], list(rng[1]), rng[2]], "dev_history": self.dev.history})
+                           "rng": [rng[0], list(rng[1]), rng[2]]})
 
     def restore(self, checkpoint: str | Path) -> None:
         saved = json.loads((Path(checkpoint) / ROUTING_STATE).read_text())
         self.reward.totals.update(saved["totals"])
         self.reward.judge.ledger.load_state_dict(saved["ledger"])
         self.reward.rng.setstate((saved["rng"][0], tuple(saved["rng"][1]), saved["rng"][2]))
-        self.dev.history = [tuple(h) for h in saved["dev_history"]]
 
 
 class DevAccuracyCallback(TrainerCallback):
-    """Greedy own-choice accuracy of the policy on dev questions every ``every`` steps, into MLflow."""
+    """Greedy own-choice accuracy of the policy on dev questions every ``every`` steps, into MLflow; the history
+    is saved with each checkpoint (``restore`` reads it back on a resume)."""
 
     def __init__(self, records: list[dict], tokenizer, every: int, max_new_tokens: int, sandbox_limits, workers: int,
                  label: str = "rlhf_routed"):
@@ -136,6 +137,14 @@ class DevAccuracyCallback(TrainerCallback):
             if mlflow.active_run() is not None:
                 mlflow.log_metric("dev_accuracy", acc, step=state.global_step)
             print(f"{self.label}: step {state.global_step} dev accuracy {acc:.3f}")
+
+    def on_save(self, args, state, control, **kwargs):
+        atomic_write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / DEV_HISTORY, self.history)
+
+    def restore(self, checkpoint: str | Path) -> None:
+        path = Path(checkpoint) / DEV_HISTORY
+        if path.is_file():  # absent in a checkpoint a kill cut between the Trainer's files and this one
+            self.history = [tuple(h) for h in json.loads(path.read_text())]
 
 
 def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
@@ -164,12 +173,13 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
     dev_cb = DevAccuracyCallback(dev[:cfg.n_dev], tokenizer, cfg.dev_every, cfg.max_new_tokens,
                                  sandbox_limits(params.sandbox), params.sandbox.workers)
     dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
-    state_cb = RoutingStateCallback(reward, dev_cb)
+    state_cb = RoutingStateCallback(reward)
     ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
     resume = last_complete_checkpoint(ckpt, marker=ROUTING_STATE)
     if resume:
         print(f"rlhf_routed: resuming from {resume}")
         state_cb.restore(resume)
+        dev_cb.restore(resume)
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlhf_routed.resumed_from", resume)
     trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
@@ -178,7 +188,7 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
-    return dev_cb  # the checkpoints stay for the stage to remove once its outputs are saved
+    return dev_cb  # the checkpoints stay (see checkpoint_dir)
 
 
 def own_choice_accuracy(model_dir: str, records: list[dict], max_new_tokens: int, sandbox) -> dict:

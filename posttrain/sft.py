@@ -70,8 +70,8 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     With ``snapshots``, every checkpoint before the last step is also kept (weights and tokenizer only) as
     ``<snapshots>/step-<n>``: SePPO draws its reference models from them.
 
-    The checkpoints, the final one included, stay under ``checkpoint_root`` for the caller to remove once all
-    its outputs are saved: a stage killed while it trains its next model then resumes this one at its end
+    The checkpoints, the final one included, stay under ``checkpoint_root`` (see ``checkpoint_dir``): a stage
+    killed while it trains its next model, or before DVC has recorded its outputs, resumes this one at its end
     instead of training it again.
 
     Returns ``{"train_tokens", "train_tokens_per_s", "final_loss", "resumed_from"}`` (also logged to MLflow).

@@ -11,10 +11,8 @@ as it completes; a re-run skips the questions already there.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -26,6 +24,7 @@ from tqdm.auto import tqdm
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.dots import SearchConfig, search_trajectories
+from posttrain.checkpoints import checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.executor import TrajectoryExecutor
 from posttrain.generation import open_generator
@@ -42,13 +41,9 @@ CHECKPOINTS = Path("checkpoints/dots_search")
 
 
 def checkpoint_file(params: Params) -> Path:
-    """done.jsonl under a key of the search params and the solver/data bytes: only a matching run resumes."""
-    h = hashlib.sha256(json.dumps([params.seed, params.dots_search.model_dump(), params.sandbox.model_dump()],
-                                  sort_keys=True).encode())
-    for path in [Path(TRAIN), *sorted(Path(SOLVER).glob("*"))]:
-        if path.is_file():
-            h.update(path.read_bytes())
-    return CHECKPOINTS / h.hexdigest()[:16] / "done.jsonl"
+    """done.jsonl under a key of the search params and the stage's inputs: only a matching run resumes."""
+    sections = {name: getattr(params, name).model_dump() for name in ("dots_search", "sandbox", "generation")}
+    return checkpoint_dir(CHECKPOINTS, sections, params.seed, [Path(TRAIN), Path(SOLVER)]) / "done.jsonl"
 
 
 def read_done(path: Path) -> dict[str, dict]:
@@ -176,7 +171,6 @@ def main() -> None:
         mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
         mlflow.log_dict(summary, "dots_search.json")
         mlflow.log_artifact(str(PLOT))
-        shutil.rmtree(progress_file.parent, ignore_errors=True)
         print(f"dots_search: {summary['n_kept']} of {summary['n_searched']} questions kept, "
               f"{summary['n_distinct_optimal']} distinct optimal trajectories -> {OUT}/search.jsonl")
 

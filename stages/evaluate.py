@@ -13,7 +13,6 @@ reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -28,7 +27,7 @@ from posttrain.params import load_params
 from posttrain.params_schema import EvaluateParams
 from posttrain.sharded_evaluation import SOLVER, plan_shards, run_shards
 from posttrain.task.records import DataError
-from posttrain.tracking import dvc_hashes, stage_run
+from posttrain.tracking import stage_run
 from posttrain.trajectories import BY_NAME, TRAJECTORIES
 
 TEST = "data/prepared/test.jsonl"
@@ -94,11 +93,8 @@ def main() -> None:
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        # the resume key: DVC's md5s of every dep (models, data, code; DVC keeps them in its state db, so the
-        # weights are not read again); outside a DVC repository, the bytes of the data and models themselves
-        deps = dvc_hashes("evaluate", "dep")
-        key_files = [] if deps else [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})]
-        done_dir = checkpoint_dir(CHECKPOINTS, params, params.seed, key_files, known_hashes=deps)
+        done_dir = checkpoint_dir(CHECKPOINTS, params, params.seed,
+                                  [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})])
         already = sum((done_dir / s.filename).is_file() for s in shards)
         if already:
             print(f"evaluate: resuming, {already} of {len(shards)} shards already scored")
@@ -128,7 +124,6 @@ def main() -> None:
         atomic_write_json(METRICS, summaries)
         mlflow.log_artifact(str(PLOT_PNG))
         mlflow.log_artifact(str(METRICS))
-        shutil.rmtree(done_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

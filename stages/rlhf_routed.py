@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlflow
@@ -89,7 +88,6 @@ def main() -> None:
         print(f"rlhf_routed: test accuracy {before['accuracy']:.3f} (sft) -> {after['accuracy']:.3f} (rlhf, "
               f"{cfg.routing}); judge {ledger.calls} calls, ${ledger.cost:.4f}, "
               f"routed {metrics['routed_fraction']:.3f} of pairs")
-        shutil.rmtree(CHECKPOINTS, ignore_errors=True)  # every output is saved: a re-run has nothing to resume
 
 
 if __name__ == "__main__":

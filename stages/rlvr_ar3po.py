@@ -12,7 +12,6 @@ zero-advantage share) and the dev-accuracy curve against cumulative responses.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from datasets import Dataset
@@ -57,11 +56,12 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlvr_ar3po.resumed_from", resume)
         trainer.load_rollout_state(resume)
+        dev_cb.restore(resume)
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
-    return trainer, dev_cb  # the checkpoints stay for main() to remove once the outputs are saved
+    return trainer, dev_cb  # the checkpoints stay (see checkpoint_dir)
 
 
 @stage_main
@@ -92,7 +92,6 @@ def main() -> None:
               f"{totals.get('responses', 0)} responses ({metrics['responses_per_prompt']:.2f} per prompt), "
               f"{totals.get('tokens', 0)} tokens, zero-advantage share {metrics['zero_advantage_share']:.2f}, "
               f"generation {metrics['generation_share']:.0%} of step time")
-        shutil.rmtree(CHECKPOINTS, ignore_errors=True)  # every output is saved: a re-run has nothing to resume
 
 
 if __name__ == "__main__":

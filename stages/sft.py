@@ -85,8 +85,6 @@ def main() -> None:
             train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
                       CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed, name=f"sft {planner}",
                       metric_prefix=f"{planner}.", snapshots=SNAPSHOTS if planner == "internal" else None)
-        # kept until all three are trained, so a kill while training one does not cost the ones before it
-        shutil.rmtree(CHECKPOINTS, ignore_errors=True)
 
 
 if __name__ == "__main__":

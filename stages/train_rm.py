@@ -14,7 +14,6 @@ measured on the held-out preference benchmark.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -141,7 +140,6 @@ def main() -> None:
         mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(metrics, "train_rm.json")
         mlflow.log_artifacts(str(REPORTS), "rm")
-        shutil.rmtree(CHECKPOINTS, ignore_errors=True)  # every output is saved: a re-run has nothing to resume
         print(f"train_rm: PM accuracy {metrics['pm_accuracy']:.3f} (pointwise {metrics['pointwise_accuracy']:.3f}), "
               f"ECE raw {metrics['pm_ece_raw']:.3f} -> calibrated {metrics['pm_ece_calibrated']:.3f}, "
               f"Spearman(uncertainty, correct) {metrics['spearman_uncertainty_correct']:.3f} ({cfg.uncertainty_score}; "

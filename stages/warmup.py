@@ -11,7 +11,6 @@ so a re-run after a kill continues from the last checkpoint, and a change of inp
 from __future__ import annotations
 
 import random
-import shutil
 from pathlib import Path
 
 from posttrain.errors import stage_main
@@ -55,7 +54,6 @@ def main() -> None:
         examples = warmup_examples(records, params.warmup.open_choice_fraction, params.seed)
         train_sft(BASE, examples, params.warmup, OUT, CHECKPOINTS, key_files=[Path(TRAIN)], seed=params.seed,
                   name="warmup")
-        shutil.rmtree(CHECKPOINTS, ignore_errors=True)  # every output is saved: a re-run has nothing to resume
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def test_routed_reward_honours_the_budget_and_falls_back_on_judge_failures():
     assert reward.totals["judge_failures"] == 3
 
 
-def test_a_resumed_routed_run_gets_back_its_totals_ledger_rng_and_dev_history(tmp_path):
+def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
     from types import SimpleNamespace
 
     from transformers import TrainerControl, TrainerState
@@ -200,22 +200,20 @@ def test_a_resumed_routed_run_gets_back_its_totals_ledger_rng_and_dev_history(tm
     def fresh():
         ledger = CostLedger(0.5, 2.0)
         reward = RoutedPairwiseReward(pm=None, judge=SimpleNamespace(ledger=ledger), cfg=None, seed=7)
-        return reward, SimpleNamespace(history=[]), ledger
+        return reward, ledger
 
-    reward, dev, ledger = fresh()
+    reward, ledger = fresh()
     reward.totals.update({"pairs": 48, "routed": 8, "judge_failures": 1})
     ledger.add(300, 40)
     ledger.fail("timeout")
-    dev.history = [(2, 0.5)]
     reward.rng.random()  # the routing RNG has moved on
     (tmp_path / "checkpoint-2").mkdir()
-    RoutingStateCallback(reward, dev).on_save(SimpleNamespace(output_dir=str(tmp_path)),
+    RoutingStateCallback(reward).on_save(SimpleNamespace(output_dir=str(tmp_path)),
                                               TrainerState(global_step=2), TrainerControl())
     assert (tmp_path / "checkpoint-2" / ROUTING_STATE).is_file()
 
-    again, dev_again, ledger_again = fresh()
-    RoutingStateCallback(again, dev_again).restore(tmp_path / "checkpoint-2")
+    again, ledger_again = fresh()
+    RoutingStateCallback(again).restore(tmp_path / "checkpoint-2")
     assert dict(again.totals) == {"pairs": 48, "routed": 8, "judge_failures": 1}
     assert ledger_again.state_dict() == ledger.state_dict() and ledger_again.cost == ledger.cost
-    assert dev_again.history == [(2, 0.5)]
     assert again.rng.random() == reward.rng.random()  # the same draws continue
