@@ -16,8 +16,10 @@ it started if it had saved none), whether the re-run resumed (said so on its out
 cost overall (time before the kill + resumed run - whole run: this adds the restart's fixed costs, imports and model
 loading, and is as noisy as the machine's load), whether `dvc status` is clean, DVC's cache whole (every
 object hashes to its name, every locked output present), every output file parses, and whether MLflow shows the
-killed run FAILED with the resumed run linked to it. Every run is forced (`dvc repro --force`), as after a change
-of inputs, so the stage's own resume logic, not DVC's cache, decides what is redone. Runs in a fresh copy of the
+killed run FAILED with the resumed run linked to it. The whole run and each run to be killed start without the
+stage's checkpoints (which outlive a successful run) and are forced (`dvc repro --force`), as after a change of
+inputs; the re-run after a kill is forced too, so the stage's own resume logic, not DVC's cache, decides what is
+redone. Runs in a fresh copy of the
 repository (nothing here is touched; `--repo` reuses a copy that already ran); prints a table, writes
 reports/bench/kill_resume.json.
 """
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +85,7 @@ def files_written_since(paths: list[Path], since: float) -> int:
 def watch_whole_run(stage: str, repo: Path, env: dict) -> dict:
     """Run the stage whole, watching when progress first appears on disk and how many files it writes."""
     cmd = [sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage]
+    shutil.rmtree(repo / "checkpoints" / stage, ignore_errors=True)
     progress, outs = [repo / "checkpoints" / stage], stage_outputs(repo, stage)
     seen = {"first_progress_s": None, "progress_files": 0, "out_files": 0}
     t0 = time.time()
@@ -118,6 +122,7 @@ def killed_run(stage: str, kind: str, repo: Path, env: dict, whole: dict, rng: r
     """Force ``stage`` and SIGKILL it at the moment ``kind`` draws (see the module doc). (seconds it ran, whether
     the kill landed, seconds of work since the last saved progress: what the kill threw away)."""
     cmd = [sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage]
+    shutil.rmtree(repo / "checkpoints" / stage, ignore_errors=True)
     t0 = time.time()
     if kind == "random":
         first = whole["first_progress_s"] or 0.0

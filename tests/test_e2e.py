@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,7 +185,9 @@ def test_second_repro_runs_nothing(repro):
 
 
 def kill_when(cmd: list[str], repo: Path, ready, timeout: float = 600) -> None:
-    """Run ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or time runs out)."""
+    """Run ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or time runs out). The stage starts
+    without checkpoints (those of earlier successful runs stay; ``ready`` must only see this run's)."""
+    shutil.rmtree(repo / "checkpoints" / cmd[-1], ignore_errors=True)
     ran = run_and_kill(cmd, repo, _env(repo.parent), lambda _: ready(), timeout=timeout, poll_s=0.05)
     assert ran.returncode in (None, 0), f"{' '.join(cmd)} failed (exit {ran.returncode}) before it could be killed"
 
