@@ -10,6 +10,7 @@ than configs/params.smoke.yaml) is run whole, then run again and SIGKILLed three
   outputs' files), i.e. while the stage, or DVC moving them into its cache, writes them.
 
     python3 bench/kill_resume.py [--stages warmup dots_search ...] [--kinds random ...] [--seed 0] [--repo <copy>]
+                                 [--out reports/bench/kill_resume.json]
 
 Per kill: when it struck, the work it threw away (seconds since the stage last saved complete progress, or since
 it started if it had saved none), whether the re-run resumed (said so on its output) or started over, the time it
@@ -163,6 +164,7 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repo", type=Path, help="a copy made by an earlier run of this bench (default: make one)")
+    ap.add_argument("--out", type=Path, default=OUT, help="where the rows go (JSON)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     rows = []
@@ -194,8 +196,8 @@ def main() -> None:
                        **mlflow_link(repo, stage)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                OUT.parent.mkdir(parents=True, exist_ok=True)
-                OUT.write_text(json.dumps(rows, indent=1))
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(rows, indent=1))
     print(f"\n{'stage':12} {'kill':17}{'whole s':>8}{'at':>6}{'lost s':>7}{'resume s':>9}{'redone s':>9}  resumed "
           "clean cache outputs mlflow")
     for r in rows:
@@ -206,7 +208,7 @@ def main() -> None:
               f"{str(r['outputs_parse']):7} "
               f"{'FAILED+linked' if r['killed_run_failed'] else 'linked' if r['linked'] else 'no link'}"
               f"{'' if r['linked'] else ' (killed run ' + str(r['killed_run_status']) + ')'}")
-    print(f"-> {OUT}")
+    print(f"-> {args.out}")
 
 
 if __name__ == "__main__":
