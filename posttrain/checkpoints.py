@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 import warnings
 import zipfile
@@ -31,7 +32,7 @@ def stage_dep_hashes() -> dict[str, str]:
     return {k: v for k, v in run.data.tags.items() if k.startswith("dvc.dep.")} if run is not None else {}
 
 
-def checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
+def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
     """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
     checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's
     deps (code included; no file is read again); elsewhere the bytes of ``key_files`` (a directory: every file).
@@ -51,6 +52,17 @@ def checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list
         if stale != key_dir:
             shutil.rmtree(stale, ignore_errors=True)
     return key_dir
+
+
+def rng_state(rng: random.Random) -> list:
+    """``rng``'s state as JSON-ready data, saved with a checkpoint (``set_rng_state`` restores it)."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_rng_state(rng: random.Random, saved: list) -> None:
+    """Continue ``rng`` from a state ``rng_state`` saved: it then draws what the killed run would have drawn."""
+    rng.setstate((saved[0], tuple(saved[1]), saved[2]))
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

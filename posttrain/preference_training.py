@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
 from trl import RewardConfig, RewardTrainer
 
-from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
 from posttrain.modeling import device_args
 from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, tail
@@ -53,14 +53,14 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     def collate(batch: list[dict]) -> dict:
         return {**pm.encode([tuple(b["triple"]) for b in batch]), "labels": torch.tensor([b["labels"] for b in batch])}
 
-    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
     resume = last_complete_checkpoint(ckpt)
     if resume:
         print(f"train_rm: resuming the preference model from {resume}")
     args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
     Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate).train(resume_from_checkpoint=resume)
     pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs], cfg.eval_batch_size)
-    return pm.eval()  # the checkpoints stay (see checkpoint_dir)
+    return pm.eval()  # the checkpoints stay (see claim_checkpoint_dir)
 
 
 def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParams, out: Path, checkpoint_root: Path,
@@ -74,14 +74,14 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     dataset = Dataset.from_list([{"prompt": f"Question: {p['question']}\nResponse:",
                                   "chosen": " " + tail(tokenizer, p["chosen"], n),
                                   "rejected": " " + tail(tokenizer, p["rejected"], n)} for p in pairs])
-    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
     resume = last_complete_checkpoint(ckpt)
     args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out))
     tokenizer.save_pretrained(out)
-    return model.eval(), tokenizer  # the checkpoints stay (see checkpoint_dir)
+    return model.eval(), tokenizer  # the checkpoints stay (see claim_checkpoint_dir)
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, rng_state, set_rng_state
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator, trl_vllm_args
 from posttrain.modeling import device_args, load_pretrained
@@ -100,16 +100,15 @@ class RoutingStateCallback(TrainerCallback):
         self.reward = reward
 
     def on_save(self, args, state, control, **kwargs):
-        rng = self.reward.rng.getstate()
         atomic_write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / ROUTING_STATE,
                           {"totals": dict(self.reward.totals), "ledger": self.reward.judge.ledger.state_dict(),
-                           "rng": [rng[0], list(rng[1]), rng[2]]})
+                           "rng": rng_state(self.reward.rng)})
 
     def restore(self, checkpoint: str | Path) -> None:
         saved = json.loads((Path(checkpoint) / ROUTING_STATE).read_text())
         self.reward.totals.update(saved["totals"])
         self.reward.judge.ledger.load_state_dict(saved["ledger"])
-        self.reward.rng.setstate((saved["rng"][0], tuple(saved["rng"][1]), saved["rng"][2]))
+        set_rng_state(self.reward.rng, saved["rng"])
 
 
 class DevAccuracyCallback(TrainerCallback):
@@ -174,7 +173,7 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
                                  sandbox_limits(params.sandbox), params.sandbox.workers)
     dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
     state_cb = RoutingStateCallback(reward)
-    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
     resume = last_complete_checkpoint(ckpt, marker=ROUTING_STATE)
     if resume:
         print(f"rlhf_routed: resuming from {resume}")
@@ -188,7 +187,7 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
-    return dev_cb  # the checkpoints stay (see checkpoint_dir)
+    return dev_cb  # the checkpoints stay (see claim_checkpoint_dir)
 
 
 def own_choice_accuracy(model_dir: str, records: list[dict], max_new_tokens: int, sandbox) -> dict:

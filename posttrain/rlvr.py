@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 import time
@@ -32,9 +31,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
+from posttrain.atomic import atomic_write_json
+from posttrain.checkpoints import rng_state, set_rng_state
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
@@ -70,11 +72,22 @@ def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:
         **trl_vllm_args(cfg.vllm, cfg.vllm_server_url))
 
 
+class RolloutStateCallback(TrainerCallback):
+    """Saves the trainer's rollout state into each checkpoint after the other callbacks' files (dev history)."""
+
+    def __init__(self, trainer: "RLVRTrainer"):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        self.trainer.save_rollout_state(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+
 class RLVRTrainer(GRPOTrainer):
     """GRPOTrainer whose rollout is ``rlvr.algo``: grpo | dapo | ar3po (see the module docstring)."""
 
     def __init__(self, *args, rlvr, seed: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
+        self.add_callback(RolloutStateCallback(self))  # after the callbacks passed in: the marker is written last
         self.rlvr = rlvr
         self.verifier: VerifierReward = self.reward_funcs[0]
         self.buffer = ReplayBuffer(rlvr.buffer_cap, seed)
@@ -178,14 +191,12 @@ class RLVRTrainer(GRPOTrainer):
         return out
 
     # --- checkpoint and resume -----------------------------------------------------------------------------
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        path = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}" / ROLLOUT_STATE
-        state = self.prompt_rng.getstate()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"buffer": self.buffer.state_dict(), "totals": dict(self.totals),
-                                   "curve": self.curve, "prompt_rng": [state[0], list(state[1]), state[2]]}))
-        os.replace(tmp, path)
+    def save_rollout_state(self, checkpoint: str | Path) -> None:
+        """Write the replay buffer, the prompt sampler and the totals into ``checkpoint`` (``RolloutStateCallback``
+        calls it after every other callback, so ``ROLLOUT_STATE`` marks a complete checkpoint)."""
+        atomic_write_json(Path(checkpoint) / ROLLOUT_STATE,
+                          {"buffer": self.buffer.state_dict(), "totals": dict(self.totals), "curve": self.curve,
+                           "prompt_rng": rng_state(self.prompt_rng)})
 
     def load_rollout_state(self, checkpoint: str | Path) -> None:
         """Restore the replay buffer, the prompt sampler and the totals saved with ``checkpoint``."""
@@ -193,5 +204,4 @@ class RLVRTrainer(GRPOTrainer):
         self.buffer.load_state_dict(state["buffer"])
         self.totals = Counter(state["totals"])
         self.curve = state["curve"]
-        rng = state["prompt_rng"]
-        self.prompt_rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+        set_rng_state(self.prompt_rng, state["prompt_rng"])

@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
+from posttrain.checkpoints import rng_state, set_rng_state
+
 
 @dataclass
 class Response:
@@ -88,13 +90,12 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         """JSON-ready state (persisted with every checkpoint)."""
-        state = self.rng.getstate()
-        return {"cap": self.cap, "rng": [state[0], list(state[1]), state[2]],
+        return {"cap": self.cap, "rng": rng_state(self.rng),
                 "by_prompt": {p: [asdict(r) for r in rs] for p, rs in self.by_prompt.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.cap = state["cap"]
-        self.rng.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
+        set_rng_state(self.rng, state["rng"])
         self.by_prompt = {p: [Response(**r) for r in rs] for p, rs in state["by_prompt"].items()}
 
 

@@ -22,7 +22,7 @@ from trl import SFTConfig, SFTTrainer
 
 import mlflow
 from posttrain.atomic import atomic_dir
-from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.params_schema import WarmupParams
 
@@ -70,7 +70,7 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     With ``snapshots``, every checkpoint before the last step is also kept (weights and tokenizer only) as
     ``<snapshots>/step-<n>``: SePPO draws its reference models from them.
 
-    The checkpoints, the final one included, stay under ``checkpoint_root`` (see ``checkpoint_dir``): a stage
+    The checkpoints, the final one included, stay under ``checkpoint_root`` (see ``claim_checkpoint_dir``): a stage
     killed while it trains its next model, or before DVC has recorded its outputs, resumes this one at its end
     instead of training it again.
 
@@ -78,7 +78,7 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     """
     tokenizer, model = load_pretrained(init_model)
     set_seed(seed)
-    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
     resume = last_complete_checkpoint(ckpt)
     if resume:
         print(f"{name}: resuming from {resume}")

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.dots import SearchConfig, search_trajectories
-from posttrain.checkpoints import checkpoint_dir
+from posttrain.checkpoints import claim_checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.executor import TrajectoryExecutor
 from posttrain.generation import open_generator
@@ -43,7 +43,7 @@ CHECKPOINTS = Path("checkpoints/dots_search")
 def checkpoint_file(params: Params) -> Path:
     """done.jsonl under a key of the search params and the stage's inputs: only a matching run resumes."""
     sections = {name: getattr(params, name).model_dump() for name in ("dots_search", "sandbox", "generation")}
-    return checkpoint_dir(CHECKPOINTS, sections, params.seed, [Path(TRAIN), Path(SOLVER)]) / "done.jsonl"
+    return claim_checkpoint_dir(CHECKPOINTS, sections, params.seed, [Path(TRAIN), Path(SOLVER)]) / "done.jsonl"
 
 
 def read_done(path: Path) -> dict[str, dict]:

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 
 import mlflow
 from posttrain.atomic import atomic_write_json, atomic_write_text
-from posttrain.checkpoints import checkpoint_dir
+from posttrain.checkpoints import claim_checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
 from posttrain.jsonl import read_jsonl
@@ -93,7 +93,7 @@ def main() -> None:
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        done_dir = checkpoint_dir(CHECKPOINTS, params, params.seed,
+        done_dir = claim_checkpoint_dir(CHECKPOINTS, params, params.seed,
                                   [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})])
         already = sum((done_dir / s.filename).is_file() for s in shards)
         if already:

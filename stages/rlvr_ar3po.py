@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
@@ -47,7 +47,7 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     reward = VerifierReward({prompt(r["question"]): r for r in train}, limits, params.sandbox.workers)
     dev_cb = DevAccuracyCallback(eval_records, tokenizer, cfg.dev_every, cfg.max_new_tokens, limits,
                                  params.sandbox.workers, label=f"rlvr {cfg.algo}")
-    ckpt = checkpoint_dir(checkpoint_root, cfg, seed, [Path(POLICY), DATA / "train.jsonl"])
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(POLICY), DATA / "train.jsonl"])
     resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
     trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[dev_cb], rlvr=cfg, seed=seed)
@@ -61,7 +61,7 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
-    return trainer, dev_cb  # the checkpoints stay (see checkpoint_dir)
+    return trainer, dev_cb  # the checkpoints stay (see claim_checkpoint_dir)
 
 
 @stage_main

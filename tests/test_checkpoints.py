@@ -47,26 +47,26 @@ def test_a_checkpoint_with_a_damaged_file_is_skipped_with_a_warning(tmp_path, da
 def test_checkpoint_dir_keys_on_inputs_and_removes_the_stale_ones(tmp_path):
     from pydantic import BaseModel
 
-    from posttrain.checkpoints import checkpoint_dir
+    from posttrain.checkpoints import claim_checkpoint_dir
 
     class Cfg(BaseModel):
         lr: float
 
     data, root = tmp_path / "train.jsonl", tmp_path / "ckpt"
     data.write_text("a\n")
-    first = checkpoint_dir(root, Cfg(lr=0.1), 0, [data])
+    first = claim_checkpoint_dir(root, Cfg(lr=0.1), 0, [data])
     (first / "checkpoint-5").mkdir(parents=True)
-    assert checkpoint_dir(root, Cfg(lr=0.1), 0, [data]) == first and (first / "checkpoint-5").is_dir()
+    assert claim_checkpoint_dir(root, Cfg(lr=0.1), 0, [data]) == first and (first / "checkpoint-5").is_dir()
     data.write_text("b\n")  # other inputs: another key, and the old checkpoints are stale
-    second = checkpoint_dir(root, Cfg(lr=0.1), 0, [data])
+    second = claim_checkpoint_dir(root, Cfg(lr=0.1), 0, [data])
     assert second != first and not first.exists()
-    assert checkpoint_dir(root, {"lr": 0.2}, 0, [data]) not in (first, second)
+    assert claim_checkpoint_dir(root, {"lr": 0.2}, 0, [data]) not in (first, second)
 
 
 def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
     import mlflow
 
-    from posttrain.checkpoints import checkpoint_dir
+    from posttrain.checkpoints import claim_checkpoint_dir
 
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
@@ -74,10 +74,10 @@ def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
         data = tmp_path / "model.bin"
         data.write_bytes(b"weights")
         with mlflow.start_run(tags={"dvc.dep.models/sft": "aaa", "dvc.dep.stages/x.py": "bbb"}):
-            first = checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data])
+            first = claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data])
             data.write_bytes(b"not read: DVC's md5 stands for it")
-            assert checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) == first
+            assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) == first
         with mlflow.start_run(tags={"dvc.dep.models/sft": "aaa", "dvc.dep.stages/x.py": "ccc"}):  # code changed
-            assert checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != first
+            assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != first
     finally:
         mlflow.set_tracking_uri(before)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from posttrain.params import load_params
 from posttrain.checkpoints import last_complete_checkpoint
@@ -24,7 +25,7 @@ def tiny(tmp_path_factory):
     return tiny_scratch_model(tmp_path_factory.mktemp("tiny_policy"), n_problems=12, seed=4)
 
 
-def make_trainer(tiny, out, algo: str, **overrides) -> RLVRTrainer:
+def make_trainer(tiny, out, algo: str, callbacks=None, **overrides) -> RLVRTrainer:
     cfg = load_params(SMOKE).rlvr.model_copy(update={"algo": algo, "max_new_tokens": 16, "prompts_per_step": 2,
                                                      "max_steps": 2, "save_steps": 1, **overrides})
     dataset = Dataset.from_list([{"prompt": prompt(r["question"]), "difficulty": r["difficulty"]} for r in tiny.records])
@@ -32,7 +33,7 @@ def make_trainer(tiny, out, algo: str, **overrides) -> RLVRTrainer:
     args = rlvr_config(cfg, out, seed=0)
     args.report_to = []
     return RLVRTrainer(model=tiny.path, reward_funcs=reward, args=args, train_dataset=dataset,
-                       processing_class=tiny.tok, rlvr=cfg, seed=0)
+                       processing_class=tiny.tok, callbacks=callbacks, rlvr=cfg, seed=0)
 
 
 def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_path):
@@ -73,6 +74,20 @@ def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, alg
     assert trainer.curve[-1]["responses"] == trainer.totals["responses"]
     assert trainer.totals["zero_advantage_prompts"] < trainer.totals["prompts"]
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_the_rollout_state_marker_is_written_after_the_other_callbacks_files(tiny, tmp_path):
+    marker_already_there = []
+
+    class Probe(TrainerCallback):  # stands for the dev-history callback the stage passes in
+        def on_save(self, args, state, control, **kwargs):
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            marker_already_there.append((checkpoint / ROLLOUT_STATE).exists())
+
+    trainer = make_trainer(tiny, tmp_path, "grpo", callbacks=[Probe()], n_responses=2, max_steps=1)
+    trainer.verifier = lambda prompts, completions: [float(len(c) % 2) for c in completions]
+    trainer.train()
+    assert marker_already_there == [False] and (tmp_path / "checkpoint-1" / ROLLOUT_STATE).exists()
 
 
 def test_resume_skips_a_checkpoint_killed_before_its_rollout_state(tmp_path):
