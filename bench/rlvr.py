@@ -2,10 +2,11 @@
 cumulative generated responses and tokens, zero-advantage share, generation throughput and its share of step time;
 and the RLVR policy vs the SFT policy per difficulty over seeds.
 
-    python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--steps N] [--eval-every N]
+    python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
+    python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
 
 Run after `dvc repro` (needs models/sft). Test accuracy is measured every --eval-every steps on the test split.
-Writes reports/rlvr/accuracy_vs_rollouts.png, reports/rlvr/rlvr_bench.json (partial results survive a crash) and
+Writes reports/rlvr/rlvr_bench.json (partial results survive a crash), the plot beside it (rlvr_bench.png) and
 logs to MLflow; prints a table. Nothing here is asserted.
 """
 from __future__ import annotations
@@ -83,20 +84,61 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
             "generation_share": gen_s / max(gen_s + train_s, 1e-9), "seconds": round(time.perf_counter() - start, 1)}
 
 
+def summarize(sft: dict, runs: list[dict]) -> None:
+    """Print the comparison: per algorithm the final test accuracy over seeds (per difficulty, beside the SFT
+    policy's), and the responses ar3po needed to reach each baseline's final accuracy, seed by seed."""
+    algos = list(dict.fromkeys(r["algo"] for r in runs))
+    print(f"\nSFT policy test accuracy {sft['accuracy']:.3f}; by difficulty "
+          + " ".join(f"d{d} {a:.2f}" for d, a in sft["by_difficulty"].items()))
+    for algo in algos:
+        rs = [r for r in runs if r["algo"] == algo]
+        accs = [r["final_test"]["accuracy"] for r in rs]
+        by_d = {d: [r["final_test"]["by_difficulty"][d] for r in rs] for d in rs[0]["final_test"]["by_difficulty"]}
+        print(f"{algo:6} final test {statistics.mean(accs):.3f} ± {statistics.pstdev(accs):.3f} over {len(rs)} seeds "
+              f"(gain over SFT {statistics.mean(accs) - sft['accuracy']:+.3f}); responses "
+              f"{statistics.mean(r['totals']['responses'] for r in rs):.0f} "
+              f"({statistics.mean(r['responses_per_prompt'] for r in rs):.2f}/prompt); zero-advantage share "
+              f"{statistics.mean(r['zero_advantage_share'] for r in rs):.2f}; by difficulty "
+              + " ".join(f"d{d} {statistics.mean(a):.2f}±{statistics.pstdev(a):.2f}" for d, a in by_d.items()))
+    for base in ("grpo", "dapo"):
+        for r_base in (r for r in runs if r["algo"] == base):
+            mine = next((r for r in runs if r["algo"] == "ar3po" and r["seed"] == r_base["seed"]), None)
+            if mine is None:
+                continue
+            target = r_base["final_test"]["accuracy"]
+            got = reach(mine["curve"], target, "responses")
+            ratio = r_base["totals"]["responses"] / got if got else None
+            print(f"seed {r_base['seed']}: ar3po reaches {base}'s final accuracy {target:.3f} at "
+                  f"{got} responses vs {base}'s {r_base['totals']['responses']}"
+                  + (f" -> {ratio:.1f}x fewer" if ratio else " (not reached)"))
+
+
 def run() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--algos", nargs="+", default=["ar3po", "grpo", "dapo"], choices=["ar3po", "grpo", "dapo"])
     ap.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: rlvr.max_steps)")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
+    ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="no training: join these results files (e.g. runs of other seeds) into --out, plot, print")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in args.merge]
+        sft, runs = parts[0]["sft_test"], [r for part in parts for r in part["runs"]]
+        args.out.write_text(json.dumps({"sft_test": sft, "runs": runs}, indent=1))
+        plot(runs, args.out.with_suffix(".png"))
+        summarize(sft, runs)
+        return
     params = load_params()
     steps = args.steps or params.rlvr.max_steps
     train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
     runs = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with bench_run("rlvr", params):
         sft = own_choice_accuracy(POLICY, test, params.rlvr.max_new_tokens, params.sandbox)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for algo in args.algos:
                 with mlflow.start_run(run_name=f"{algo} seed {seed}", nested=True,
                                       tags={"posttrain.bench.variant": algo, "seed": str(seed)}):
@@ -111,30 +153,11 @@ def run() -> None:
                       f"{r['totals']['tokens']} tokens, zero-adv share {r['zero_advantage_share']:.2f}, "
                       f"{r['generation_tokens_per_s']:.0f} gen tokens/s, generation {r['generation_share']:.0%} "
                       f"of step time ({r['seconds']} s)")
-                OUT.mkdir(parents=True, exist_ok=True)
-                (OUT / "rlvr_bench.json").write_text(json.dumps({"sft_test": sft, "runs": runs}, indent=1))
-        plot(runs, OUT / "accuracy_vs_rollouts.png")
-        mlflow.log_artifacts(str(OUT), "rlvr")
-    print(f"\nSFT policy test accuracy {sft['accuracy']:.3f}; by difficulty {sft['by_difficulty']}")
-    for algo in args.algos:
-        rs = [r for r in runs if r["algo"] == algo]
-        accs = [r["final_test"]["accuracy"] for r in rs]
-        by_d = {d: statistics.mean(r["final_test"]["by_difficulty"][d] for r in rs) for d in rs[0]["final_test"]["by_difficulty"]}
-        print(f"{algo:6} final test {statistics.mean(accs):.3f} ± {statistics.pstdev(accs):.3f} over {len(rs)} seeds; "
-              f"responses {statistics.mean(r['totals']['responses'] for r in rs):.0f}; by difficulty "
-              + " ".join(f"d{d} {a:.2f}" for d, a in by_d.items()))
-    if {"ar3po", "grpo"} <= set(args.algos):
-        for base in ("grpo", "dapo"):
-            if base not in args.algos:
-                continue
-            for r_base in (r for r in runs if r["algo"] == base):
-                target = r_base["final_test"]["accuracy"]
-                mine = next(r for r in runs if r["algo"] == "ar3po" and r["seed"] == r_base["seed"])
-                got = reach(mine["curve"], target, "responses")
-                ratio = r_base["totals"]["responses"] / got if got else None
-                print(f"seed {r_base['seed']}: ar3po reaches {base}'s final accuracy {target:.3f} at "
-                      f"{got} responses vs {base}'s {r_base['totals']['responses']}"
-                      + (f" -> {ratio:.1f}x fewer" if ratio else " (not reached)"))
+                args.out.write_text(json.dumps({"sft_test": sft, "runs": runs}, indent=1))  # survives a crash
+        plot(runs, args.out.with_suffix(".png"))
+        mlflow.log_artifact(str(args.out), "rlvr")
+        mlflow.log_artifact(str(args.out.with_suffix(".png")), "rlvr")
+    summarize(sft, runs)
 
 
 if __name__ == "__main__":
