@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 import warnings
 import zipfile
@@ -52,17 +51,6 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
         if stale != key_dir:
             shutil.rmtree(stale, ignore_errors=True)
     return key_dir
-
-
-def rng_state(rng: random.Random) -> list:
-    """``rng``'s state as JSON-ready data, saved with a checkpoint (``set_rng_state`` restores it)."""
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def set_rng_state(rng: random.Random, saved: list) -> None:
-    """Continue ``rng`` from a state ``rng_state`` saved: it then draws what the killed run would have drawn."""
-    rng.setstate((saved[0], tuple(saved[1]), saved[2]))
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

@@ -36,7 +36,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
 from posttrain.atomic import atomic_write_json
-from posttrain.checkpoints import rng_state, set_rng_state
+from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args

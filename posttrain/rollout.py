@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from posttrain.checkpoints import rng_state, set_rng_state
+from posttrain.rng_state import rng_state, set_rng_state
 
 
 @dataclass
