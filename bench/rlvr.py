@@ -77,7 +77,8 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
               for s, a in dev_cb.history if s in cost]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
-    return {"algo": algo, "seed": seed, "curve": curve, "steps": steps, "final_test": final, "totals": totals,
+    return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "curve": curve, "steps": steps,
+            "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
             "generation_tokens_per_s": totals["tokens"] / max(gen_s, 1e-9),
@@ -107,10 +108,10 @@ def summarize(sft: dict, runs: list[dict]) -> None:
                 continue
             target = r_base["final_test"]["accuracy"]
             got = reach(mine["curve"], target, "responses")
-            ratio = r_base["totals"]["responses"] / got if got else None
+            verdict = (" (not reached)" if got is None else " (the SFT policy already had it)" if got == 0
+                       else f" -> {r_base['totals']['responses'] / got:.1f}x fewer")
             print(f"seed {r_base['seed']}: ar3po reaches {base}'s final accuracy {target:.3f} at "
-                  f"{got} responses vs {base}'s {r_base['totals']['responses']}"
-                  + (f" -> {ratio:.1f}x fewer" if ratio else " (not reached)"))
+                  f"{got} responses vs {base}'s {r_base['totals']['responses']}{verdict}")
 
 
 def run() -> None:
@@ -119,6 +120,9 @@ def run() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: rlvr.max_steps)")
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help="override rlvr.learning_rate (e.g. dapo, whose batches hold no zero-advantage group, "
+                         "takes larger steps at the same rate)")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
@@ -132,6 +136,8 @@ def run() -> None:
         summarize(sft, runs)
         return
     params = load_params()
+    if args.learning_rate is not None:
+        params = params.model_copy(update={"rlvr": params.rlvr.model_copy(update={"learning_rate": args.learning_rate})})
     steps = args.steps or params.rlvr.max_steps
     train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
     runs = []
