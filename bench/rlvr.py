@@ -41,16 +41,21 @@ def reach(curve: list[dict], target: float, key: str) -> float | None:
 def plot(runs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     colors = {"ar3po": "tab:green", "grpo": "tab:blue", "dapo": "tab:orange"}
+    markers, window = "osD^v", 10
     for r in runs:
         c = r["curve"]
-        kw = dict(color=colors[r["algo"]], marker="o", alpha=0.85, label=f"{r['algo']} seed {r['seed']}")
+        lr = f", lr {r['learning_rate']:g}" if "learning_rate" in r else ""
+        kw = dict(color=colors[r["algo"]], marker=markers[r["seed"] % len(markers)], alpha=0.85,
+                  label=f"{r['algo']} seed {r['seed']}{lr}")
         axes[0].plot([p["responses"] for p in c], [p["test_accuracy"] for p in c], **kw)
         axes[1].plot([p["tokens"] for p in c], [p["test_accuracy"] for p in c], **kw)
-        steps = r["steps"]
-        axes[2].plot([p["step"] for p in steps], [p["zero_advantage_share"] for p in steps], **kw)
+        # per step the share jumps in 1/8ths; a moving mean shows the trend
+        z = [p["zero_advantage_share"] for p in r["steps"]]
+        smooth = [statistics.fmean(z[max(0, j - window + 1):j + 1]) for j in range(len(z))]
+        axes[2].plot([p["step"] for p in r["steps"]], smooth, color=kw["color"], alpha=0.85, label=kw["label"])
     axes[0].set(xlabel="cumulative generated responses", ylabel="test accuracy (own choice, greedy)")
     axes[1].set(xlabel="cumulative generated tokens", ylabel="test accuracy")
-    axes[2].set(xlabel="step", ylabel="share of prompts with zero advantage (that step)")
+    axes[2].set(xlabel="step", ylabel=f"zero-advantage share of prompts ({window}-step mean)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
