@@ -11,11 +11,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from posttrain.orchestration import prefect_settings
 from posttrain.workspace import clone_workspace, damaged_cache_objects, invalid_outputs, run_and_kill
@@ -396,6 +398,13 @@ def test_prefect_flow_runs_the_pipeline(tmp_path):
         server.wait(timeout=30)
 
 
+def _server_busy(exc: BaseException) -> bool:
+    """A Prefect server on a loaded machine answers 503 (its database timed out) or 429; it recovers."""
+    return isinstance(exc, urllib.error.HTTPError) and exc.code in (429, 502, 503)
+
+
+@retry(retry=retry_if_exception(_server_busy), wait=wait_exponential(max=10), stop=stop_after_delay(120),
+       reraise=True)
 def api_call(url: str, body: dict | None = None, method: str = "POST"):
     req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method=method,
                                  headers={"Content-Type": "application/json"})
