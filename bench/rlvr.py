@@ -142,7 +142,8 @@ def run() -> None:
         return
     params = load_params()
     if args.learning_rate is not None:
-        params = params.model_copy(update={"rlvr": params.rlvr.model_copy(update={"learning_rate": args.learning_rate})})
+        rlvr = params.rlvr.model_copy(update={"learning_rate": args.learning_rate})
+        params = params.model_copy(update={"rlvr": rlvr})
     steps = args.steps or params.rlvr.max_steps
     train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
     runs = []

@@ -31,10 +31,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
-from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator, trl_vllm_args
 from posttrain.modeling import device_args, load_pretrained
+from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route, upper_pairs
 from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import prompt as open_prompt

@@ -36,10 +36,10 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
 from posttrain.atomic import atomic_write_json
-from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
+from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout, group_advantages
 
 ROLLOUT_STATE = "rollout_state.json"
