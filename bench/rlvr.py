@@ -33,6 +33,12 @@ from stages.rlvr_ar3po import DATA, POLICY, train_rlvr  # noqa: E402
 OUT = Path("reports/rlvr")
 
 
+def variant(run: dict) -> str:
+    """What a run compares as: the algorithm, with the settings that differ between runs of one algorithm."""
+    name = run["algo"] + (" + seeded buffer" if run.get("buffer_seed", "none") != "none" else "")
+    return f"{name}, lr {run['learning_rate']:g}"
+
+
 def reach(curve: list[dict], target: float, key: str) -> float | None:
     """The cumulative ``key`` (responses or tokens) at which test accuracy first reaches ``target``."""
     return next((c[key] for c in curve if c["test_accuracy"] >= target), None)
@@ -44,9 +50,9 @@ def plot(runs: list[dict], path: Path) -> None:
     markers, window = "osD^v", 10
     for r in runs:
         c = r["curve"]
-        lr = f", lr {r['learning_rate']:g}" if "learning_rate" in r else ""
-        kw = dict(color=colors[r["algo"]], marker=markers[r["seed"] % len(markers)], alpha=0.85,
-                  label=f"{r['algo']} seed {r['seed']}{lr}")
+        color = "tab:red" if r.get("buffer_seed", "none") != "none" else colors[r["algo"]]
+        kw = dict(color=color, marker=markers[r["seed"] % len(markers)], alpha=0.85,
+                  label=f"{variant(r)}, seed {r['seed']}")
         axes[0].plot([p["responses"] for p in c], [p["test_accuracy"] for p in c], **kw)
         axes[1].plot([p["tokens"] for p in c], [p["test_accuracy"] for p in c], **kw)
         # per step the share jumps in 1/8ths; a moving mean shows the trend
@@ -82,7 +88,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
               for s, a in dev_cb.history if s in cost]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
-    return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "curve": curve, "steps": steps,
+    return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed, "curve": curve, "steps": steps,
             "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
@@ -91,32 +97,31 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
 
 
 def summarize(sft: dict, runs: list[dict]) -> None:
-    """Print the comparison: per algorithm the final test accuracy over seeds (per difficulty, beside the SFT
-    policy's), and the responses ar3po needed to reach each baseline's final accuracy, seed by seed."""
-    algos = list(dict.fromkeys(r["algo"] for r in runs))
+    """Print the comparison: per variant (algorithm, learning rate, buffer seed) the final test accuracy over seeds
+    (per difficulty, beside the SFT policy's), and the responses each ar3po variant needed to reach each baseline's
+    final accuracy, seed by seed."""
+    variants = list(dict.fromkeys(map(variant, runs)))
     print(f"\nSFT policy test accuracy {sft['accuracy']:.3f}; by difficulty "
           + " ".join(f"d{d} {a:.2f}" for d, a in sft["by_difficulty"].items()))
-    for algo in algos:
-        rs = [r for r in runs if r["algo"] == algo]
+    for name in variants:
+        rs = [r for r in runs if variant(r) == name]
         accs = [r["final_test"]["accuracy"] for r in rs]
         by_d = {d: [r["final_test"]["by_difficulty"][d] for r in rs] for d in rs[0]["final_test"]["by_difficulty"]}
-        print(f"{algo:6} final test {statistics.mean(accs):.3f} ± {statistics.pstdev(accs):.3f} over {len(rs)} seeds "
-              f"(gain over SFT {statistics.mean(accs) - sft['accuracy']:+.3f}); responses "
+        print(f"{name}: final test {statistics.mean(accs):.3f} ± {statistics.pstdev(accs):.3f} over seeds "
+              f"{[r['seed'] for r in rs]} (gain over SFT {statistics.mean(accs) - sft['accuracy']:+.3f}); responses "
               f"{statistics.mean(r['totals']['responses'] for r in rs):.0f} "
               f"({statistics.mean(r['responses_per_prompt'] for r in rs):.2f}/prompt); zero-advantage share "
-              f"{statistics.mean(r['zero_advantage_share'] for r in rs):.2f}; by difficulty "
+              f"{statistics.mean(r['zero_advantage_share'] for r in rs):.2f}; buffer hits "
+              f"{statistics.mean(r['totals'].get('buffer_hits', 0) for r in rs):.0f}; by difficulty "
               + " ".join(f"d{d} {statistics.mean(a):.2f}±{statistics.pstdev(a):.2f}" for d, a in by_d.items()))
-    for base in ("grpo", "dapo"):
-        for r_base in (r for r in runs if r["algo"] == base):
-            mine = next((r for r in runs if r["algo"] == "ar3po" and r["seed"] == r_base["seed"]), None)
-            if mine is None:
-                continue
+    for mine in (r for r in runs if r["algo"] == "ar3po"):
+        for r_base in (r for r in runs if r["algo"] != "ar3po" and r["seed"] == mine["seed"]):
             target = r_base["final_test"]["accuracy"]
             got = reach(mine["curve"], target, "responses")
             verdict = (" (not reached)" if got is None else " (the SFT policy already had it)" if got == 0
                        else f" -> {r_base['totals']['responses'] / got:.1f}x fewer")
-            print(f"seed {r_base['seed']}: ar3po reaches {base}'s final accuracy {target:.3f} at "
-                  f"{got} responses vs {base}'s {r_base['totals']['responses']}{verdict}")
+            print(f"seed {mine['seed']}: {variant(mine)} reaches {variant(r_base)}'s final accuracy {target:.3f} at "
+                  f"{got} responses vs its {r_base['totals']['responses']}{verdict}")
 
 
 def run() -> None:
@@ -128,6 +133,8 @@ def run() -> None:
     ap.add_argument("--learning-rate", type=float, default=None,
                     help="override rlvr.learning_rate (e.g. dapo, whose batches hold no zero-advantage group, "
                          "takes larger steps at the same rate)")
+    ap.add_argument("--buffer-seed", choices=["none", "reference"], default=None,
+                    help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference solutions)")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
@@ -136,14 +143,19 @@ def run() -> None:
     if args.merge:
         parts = [json.loads(f.read_text()) for f in args.merge]
         sft, runs = parts[0]["sft_test"], [r for part in parts for r in part["runs"]]
+        for f, part in zip(args.merge, parts):
+            if part["sft_test"]["accuracy"] != sft["accuracy"]:
+                raise SystemExit(f"{f}: started from a policy with test accuracy {part['sft_test']['accuracy']:.3f}, "
+                                 f"{args.merge[0]} from {sft['accuracy']:.3f}; runs from different SFT policies "
+                                 "do not compare")
         args.out.write_text(json.dumps({"sft_test": sft, "runs": runs}, indent=1))
         plot(runs, args.out.with_suffix(".png"))
         summarize(sft, runs)
         return
     params = load_params()
-    if args.learning_rate is not None:
-        rlvr = params.rlvr.model_copy(update={"learning_rate": args.learning_rate})
-        params = params.model_copy(update={"rlvr": rlvr})
+    overrides = {k: v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed))
+                 if v is not None}
+    params = params.model_copy(update={"rlvr": params.rlvr.model_copy(update=overrides)})
     steps = args.steps or params.rlvr.max_steps
     train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
     runs = []

@@ -262,6 +262,9 @@ class RlvrParams(OnlinePolicyParams):
     stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
     k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
     buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
+    buffer_seed: Literal["none", "reference"] = Field(
+        description="ar3po: the replay buffer before step 1: empty, or each training question's reference solution "
+                    "(verified); reuse then fires on every all-wrong group, not only on questions seen before")
     max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
     n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
                                                    "(null = all); reuse needs prompts that come back")

@@ -41,6 +41,9 @@ from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
 from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout, group_advantages
+from posttrain.task.arithmetic import Problem
+from posttrain.task.solutions import render_response
+from posttrain.trajectories import BY_NAME, prompt
 
 ROLLOUT_STATE = "rollout_state.json"
 
@@ -57,6 +60,20 @@ class VerifierReward:
         rows = score_responses([self.records[p] for p in prompts], [OWN_CHOICE] * len(prompts), completions,
                                self.limits, self.workers)
         return [float(r["correct"]) for r in rows]
+
+
+def reference_responses(records: list[dict], verifier: VerifierReward, tokenizer) -> list[Response]:
+    """Each training question's reference solution (own-choice format, ``cot``), kept only where the verifier
+    accepts it: the replay buffer's seed under ``rlvr.buffer_seed: reference``.
+
+    A reused response shapes its group's baseline and never enters the batch, so only its verified reward
+    matters to the update; its text is what a later look at the buffer shows.
+    """
+    prompts = [prompt(r["question"]) for r in records]
+    texts = [f" {BY_NAME['cot'].name}\n{render_response(Problem.from_fields(r), BY_NAME['cot'])}" for r in records]
+    rewards = verifier(prompts, texts)
+    return [Response(p, t, reward, len(tokenizer(t, add_special_tokens=False).input_ids))
+            for p, t, reward in zip(prompts, texts, rewards) if reward > 0]
 
 
 def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:

@@ -4,7 +4,8 @@
 n) or ``dapo`` (dynamic sampling). Training is TRL's GRPOTrainer with the rollout overridden
 (``posttrain.rlvr.RLVRTrainer``): clipped updates with a KL penalty to the SFT policy, checkpoints every
 ``rlvr.save_steps`` with the replay buffer and sampler state (a killed run resumes), dev accuracy every
-``rlvr.dev_every`` steps, rollout cost per step in MLflow.
+``rlvr.dev_every`` steps, rollout cost per step in MLflow. With ``rlvr.buffer_seed: reference`` AR3PO's replay
+buffer starts with each question's verified reference solution, so reuse can fire on a question's first visit.
 
 Writes models/rlvr and reports/metrics/rlvr_ar3po.json: test accuracy of the SFT and the RLVR policy (own
 choice, per difficulty), the rollout totals (responses, tokens, generation vs training seconds, buffer hits,
@@ -25,7 +26,7 @@ from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.params_schema import Params
 from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
-from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
+from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
 from posttrain.sandbox import sandbox_limits
 from posttrain.tracking import stage_run
 from posttrain.trajectories import prompt
@@ -55,8 +56,15 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
         print(f"rlvr_ar3po: resuming from {resume}")
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlvr_ar3po.resumed_from", resume)
-        trainer.load_rollout_state(resume)
+        trainer.load_rollout_state(resume)  # the buffer, seeded or grown, comes back as it was saved
         dev_cb.restore(resume)
+    elif cfg.algo == "ar3po" and cfg.buffer_seed == "reference":
+        seeds = reference_responses(train, reward, tokenizer)
+        for r in seeds:
+            trainer.buffer.add(r)
+        print(f"rlvr_ar3po: replay buffer seeded with {len(seeds)} verified reference solutions of {len(train)} questions")
+        if mlflow.active_run() is not None:
+            mlflow.log_metric("buffer_seeded", len(seeds))
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))

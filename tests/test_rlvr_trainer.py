@@ -11,8 +11,8 @@ from transformers import TrainerCallback
 
 from posttrain.params import load_params
 from posttrain.checkpoints import last_complete_checkpoint
-from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, rlvr_config
-from posttrain.rollout import Response
+from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
+from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout
 from posttrain.sandbox import SandboxLimits
 from posttrain.trajectories import prompt
 from tiny_model import tiny_scratch_model
@@ -55,6 +55,22 @@ def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_pat
     assert adv[3:] == [0.0, 0.0]  # "easy": all right, no signal
     assert "ref_per_token_logps" in batch and batch["ref_per_token_logps"].shape == batch["completion_ids"].shape
     assert trainer.totals["buffer_hits"] == 1 and trainer.totals["responses"] == 4 + 2
+
+
+def test_reference_responses_seed_the_buffer_with_verified_solutions_only(tiny):
+    reward = VerifierReward({prompt(r["question"]): r for r in tiny.records}, SandboxLimits(cpu_seconds=1, wall_seconds=3))
+    wrong = {**tiny.records[0], "answer": tiny.records[0]["answer"] + 1}  # its reference solution now fails the check
+    reward.records[prompt(wrong["question"])] = wrong
+    seeds = reference_responses(tiny.records, reward, tiny.tok)
+    assert {r.prompt for r in seeds} == {prompt(r["question"]) for r in tiny.records[1:]}
+    assert all(r.reward == 1.0 and r.text.startswith(" cot\n") and r.n_tokens > 0 for r in seeds)
+    # seeded, an all-wrong group takes one of them on the question's first visit
+    buffer = ReplayBuffer(cap=2)
+    for r in seeds:
+        buffer.add(r)
+    never_right = lambda prompts, k: [[Response(p, "x", 0.0, 2) for _ in range(k)] for p in prompts]
+    groups, stats = adaptive_rollout([seeds[0].prompt], stages=2, k=2, sample=never_right, buffer=buffer)
+    assert stats.buffer_hits == 1 and [r.reward for r in groups[seeds[0].prompt]] == [0.0, 0.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "ar3po"])

@@ -12,7 +12,7 @@ from posttrain.trajectories import TRAJECTORIES, prompt
 
 def tiny_scratch_model(path: Path, n_problems: int, seed: int) -> SimpleNamespace:
     """(path, tok, model, problems, records): 1 layer, width 32, a 300-token BPE on every trajectory of the
-    problems; ``records`` are the problems as dataset rows (id, question, answer, difficulty)."""
+    problems; ``records`` are the problems as dataset rows (id, question, answer, difficulty, domain fields)."""
     problems = generate_problems(n_problems, seed=seed, difficulties=range(1, 3), max_operand=12, max_value=60)
     corpus = [prompt(p.question, t) + render_response(p, t) for p in problems for t in TRAJECTORIES]
     tok = train_tokenizer(corpus, vocab_size=300)
@@ -20,6 +20,6 @@ def tiny_scratch_model(path: Path, n_problems: int, seed: int) -> SimpleNamespac
     model = build_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position=384)
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty}
+    records = [{"id": str(i), "question": p.question, "answer": p.answer, "difficulty": p.difficulty, **p.to_fields()}
                for i, p in enumerate(problems)]
     return SimpleNamespace(path=str(path), tok=tok, model=model, problems=problems, records=records)
