@@ -1,61 +1,22 @@
-"""End to end on the smoke profile, in a copy of the repository: `dvc repro`, lineage in MLflow,
-caching (a second repro runs nothing), warm-up resume after a kill, and the Prefect flow."""
+"""End to end on the smoke profile, in a copy of the repository: `dvc repro`, lineage in MLflow, caching (a second
+repro runs nothing), every long stage resumed after a kill with nothing lost, judge faults, a sweep. The Prefect
+flow and deployment: tests/test_prefect_e2e.py."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from posttrain.orchestration import prefect_settings
-from posttrain.workspace import clone_workspace, damaged_cache_objects, invalid_outputs, run_and_kill
+from posttrain.workspace import damaged_cache_objects, invalid_outputs, run_and_kill
+from smoke_workspace import SECRET, STAGES, mlflow_runs, run, smoke_env, smoke_repo
 
-ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
-          "rlhf_routed", "rlvr_ar3po", "evaluate", "report"]
-SECRET = f"sk-posttrain-{secrets.token_hex(12)}"  # the judge API key of the smoke runs: it must leave no trace
 pytestmark = pytest.mark.e2e
-
-
-def _env(tmp: Path) -> dict:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(prefect_settings(tmp))
-    env.pop("POSTTRAIN_PARENT_RUN_ID", None)
-    env["POSTTRAIN_JUDGE_API_KEY"] = SECRET
-    return env
-
-
-def smoke_repo(tmp: Path) -> Path:
-    """A git repository holding the project's files with the smoke profile as params.yaml."""
-    return clone_workspace(ROOT, tmp / "repo", profile="configs/params.smoke.yaml")
-
-
-def run(cmd: list[str], repo: Path, timeout: int = 900) -> str:
-    proc = subprocess.run(cmd, cwd=repo, env=_env(repo.parent), capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
-
-
-def mlflow_runs(repo: Path) -> list:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow/mlflow.db")
-    exp = client.get_experiment_by_name("posttrain")
-    return client.search_runs([exp.experiment_id], max_results=1000)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +151,7 @@ def kill_when(cmd: list[str], repo: Path, ready, timeout: float = 600) -> None:
     """Run ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or time runs out). The stage starts
     without checkpoints (those of earlier successful runs stay; ``ready`` must only see this run's)."""
     shutil.rmtree(repo / "checkpoints" / cmd[-1], ignore_errors=True)
-    ran = run_and_kill(cmd, repo, _env(repo.parent), lambda _: ready(), timeout=timeout, poll_s=0.05)
+    ran = run_and_kill(cmd, repo, smoke_env(repo.parent), lambda _: ready(), timeout=timeout, poll_s=0.05)
     assert ran.returncode in (None, 0), f"{' '.join(cmd)} failed (exit {ran.returncode}) before it could be killed"
 
 
@@ -331,7 +292,7 @@ def test_rlhf_routed_survives_every_judge_fault(repro):
 
 def test_a_second_pipeline_run_fails_fast_on_dvc_lock_and_spoils_nothing(repro):
     repo, _ = repro
-    first = subprocess.Popen(["dvc", "repro", "--force", "--single-item", "warmup"], cwd=repo, env=_env(repo.parent),
+    first = subprocess.Popen(["dvc", "repro", "--force", "--single-item", "warmup"], cwd=repo, env=smoke_env(repo.parent),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in first.stdout:  # wait until the first holds DVC's lock and runs the stage
@@ -339,7 +300,7 @@ def test_a_second_pipeline_run_fails_fast_on_dvc_lock_and_spoils_nothing(repro):
         if "Running stage 'warmup'" in line:
             break
     start = time.perf_counter()
-    second = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(repo.parent), capture_output=True, text=True,
+    second = subprocess.run(["dvc", "repro"], cwd=repo, env=smoke_env(repo.parent), capture_output=True, text=True,
                             timeout=120)
     waited = time.perf_counter() - start
     out_first = "".join(seen) + first.communicate(timeout=900)[0]
@@ -353,86 +314,6 @@ def test_a_second_pipeline_run_fails_fast_on_dvc_lock_and_spoils_nothing(repro):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(repo / "models/warmup")
-
-
-def test_prefect_flow_runs_the_pipeline(tmp_path):
-    repo = smoke_repo(tmp_path)
-    out = run([sys.executable, "-m", "flows.pipeline"], repo)
-    assert "warmup: test accuracy" in out
-    runs = mlflow_runs(repo)
-    (parent,) = [r for r in runs if r.data.tags["posttrain.stage"] == "pipeline"]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(r.data.tags["posttrain.stage"] for r in children) == sorted(STAGES)
-    assert parent.info.status == "FINISHED" and "warmup.accuracy" in parent.data.metrics
-
-    # Against a `prefect server start` on loopback: the flow run is recorded there, every stage skipped.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = _env(tmp_path)
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(f"{api}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(1)
-        env["PREFECT_API_URL"] = api
-        proc = subprocess.run([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, capture_output=True,
-                              text=True, timeout=600)
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out[-3000:]
-        assert out.count("unchanged, skipped") == len(STAGES)
-        flow_runs = api_call(f"{api}/flow_runs/filter", {"flows": {"name": {"any_": ["posttrain-pipeline"]}}})
-        # the server shares Prefect's state in the workspace: it shows the earlier ephemeral run too (the
-        # evaluate stage's own shard flow runs are not counted here)
-        assert [r["state_type"] for r in flow_runs] == ["COMPLETED", "COMPLETED"]
-        check_deployment_runs_from_the_api(repo, env, api)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-
-
-def _server_busy(exc: BaseException) -> bool:
-    """A Prefect server on a loaded machine answers 503 (its database timed out) or 429; it recovers."""
-    return isinstance(exc, urllib.error.HTTPError) and exc.code in (429, 502, 503)
-
-
-@retry(retry=retry_if_exception(_server_busy), wait=wait_exponential(max=10), stop=stop_after_delay(120),
-       reraise=True)
-def api_call(url: str, body: dict | None = None, method: str = "POST"):
-    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method=method,
-                                 headers={"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=10).read())
-
-
-def check_deployment_runs_from_the_api(repo: Path, env: dict, api: str) -> None:
-    """`flows.serve` registers the deployments; a run created through the API (as the UI's Run button does)
-    with parameters is picked up by the serving process and completes."""
-    serving = subprocess.Popen([sys.executable, "-m", "flows.serve", "--cron", ""], cwd=repo, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline, deployment = time.time() + 120, None
-        while deployment is None and time.time() < deadline:
-            found = [d for d in api_call(f"{api}/deployments/filter") if d["name"] == "default"]
-            deployment = found[0] if found else time.sleep(1)
-        assert deployment is not None, "the deployment never registered"
-        run = api_call(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                       {"parameters": {"stages": ["prepare", "base_model"], "overrides": {"prepare.n_dev": 12}}})
-        deadline, state = time.time() + 300, None
-        while time.time() < deadline and state not in ("COMPLETED", "FAILED", "CRASHED"):
-            time.sleep(2)
-            state = api_call(f"{api}/flow_runs/{run['id']}", method="GET")["state_type"]
-        assert state == "COMPLETED", state
-        assert yaml.safe_load((repo / "params.yaml").read_text())["prepare"]["n_dev"] == 12  # the override applied
-    finally:
-        os.killpg(serving.pid, signal.SIGTERM)
-        serving.wait(timeout=30)
 
 
 def test_sweep_runs_each_variant_as_an_experiment_and_mlflow_compares_them(repro):

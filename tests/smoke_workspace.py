@@ -1,0 +1,46 @@
+"""The smoke workspace the end-to-end tests run in: a copy of the repository on the smoke profile, with the
+judge's API key set to a secret that must leave no trace, and Prefect's state kept inside the copy."""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from posttrain.orchestration import prefect_settings
+from posttrain.workspace import clone_workspace
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["prepare", "base_model", "warmup", "dots_search", "sft", "seppo_sample", "preference_benchmark", "train_rm",
+          "rlhf_routed", "rlvr_ar3po", "evaluate", "report"]
+SECRET = f"sk-posttrain-{secrets.token_hex(12)}"  # the judge API key of the smoke runs: it must leave no trace
+
+
+def smoke_env(tmp: Path) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.update(prefect_settings(tmp))
+    env.pop("POSTTRAIN_PARENT_RUN_ID", None)
+    env["POSTTRAIN_JUDGE_API_KEY"] = SECRET
+    return env
+
+
+def smoke_repo(tmp: Path) -> Path:
+    """A git repository holding the project's files with the smoke profile as params.yaml."""
+    return clone_workspace(ROOT, tmp / "repo", profile="configs/params.smoke.yaml")
+
+
+def run(cmd: list[str], repo: Path, timeout: int = 900) -> str:
+    proc = subprocess.run(cmd, cwd=repo, env=smoke_env(repo.parent), capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def mlflow_runs(repo: Path) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow/mlflow.db")
+    exp = client.get_experiment_by_name("posttrain")
+    return client.search_runs([exp.experiment_id], max_results=1000)
