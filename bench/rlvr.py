@@ -45,28 +45,34 @@ def reach(curve: list[dict], target: float, key: str) -> float | None:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    colors = {"ar3po": "tab:green", "grpo": "tab:blue", "dapo": "tab:orange"}
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
+    base = {"ar3po": "tab:green", "ar3po + seeded buffer": "tab:purple", "grpo": "tab:blue", "dapo": "tab:orange"}
+    spare, colors = ["tab:brown", "tab:red", "tab:olive", "tab:cyan", "tab:gray"], {}
+    for name in dict.fromkeys(map(variant, runs)):  # one colour per algorithm; another learning rate takes a spare
+        key = name.split(", lr")[0]
+        colors[name] = base.get(key) if base.get(key) not in colors.values() else spare[len(colors) % len(spare)]
     markers, window = "osD^v", 10
     for r in runs:
         c = r["curve"]
-        color = "tab:red" if r.get("buffer_seed", "none") != "none" else colors[r["algo"]]
-        kw = dict(color=color, marker=markers[r["seed"] % len(markers)], alpha=0.85,
+        kw = dict(color=colors[variant(r)], marker=markers[r["seed"] % len(markers)], alpha=0.8, linewidth=1.2,
                   label=f"{variant(r)}, seed {r['seed']}")
         axes[0].plot([p["responses"] for p in c], [p["test_accuracy"] for p in c], **kw)
         axes[1].plot([p["tokens"] for p in c], [p["test_accuracy"] for p in c], **kw)
-        # per step the share jumps in 1/8ths; a moving mean shows the trend
-        z = [p["zero_advantage_share"] for p in r["steps"]]
+    for name, color in colors.items():
+        # per step the share jumps in 1/8ths: the mean over seeds and a moving mean over steps show the trend
+        per_seed = [[p["zero_advantage_share"] for p in r["steps"]] for r in runs if variant(r) == name]
+        z = [statistics.fmean(col) for col in zip(*per_seed)]
         smooth = [statistics.fmean(z[max(0, j - window + 1):j + 1]) for j in range(len(z))]
-        axes[2].plot([p["step"] for p in r["steps"]], smooth, color=kw["color"], alpha=0.85, label=kw["label"])
+        axes[2].plot(range(1, len(z) + 1), smooth, color=color, label=f"{name} ({len(per_seed)} seeds)")
     axes[0].set(xlabel="cumulative generated responses", ylabel="test accuracy (own choice, greedy)")
     axes[1].set(xlabel="cumulative generated tokens", ylabel="test accuracy")
     axes[2].set(xlabel="step", ylabel=f"zero-advantage share of prompts ({window}-step mean)")
+    axes[2].legend(fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
     fig.suptitle("RLVR from the SFT policy: accuracy against rollout cost")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 * (len(runs) // 4 + 2), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -114,14 +120,19 @@ def summarize(sft: dict, runs: list[dict]) -> None:
               f"{statistics.mean(r['zero_advantage_share'] for r in rs):.2f}; buffer hits "
               f"{statistics.mean(r['totals'].get('buffer_hits', 0) for r in rs):.0f}; by difficulty "
               + " ".join(f"d{d} {statistics.mean(a):.2f}±{statistics.pstdev(a):.2f}" for d, a in by_d.items()))
+    baselines = [name for name in variants if not name.startswith("ar3po")]
     for mine in (r for r in runs if r["algo"] == "ar3po"):
-        for r_base in (r for r in runs if r["algo"] != "ar3po" and r["seed"] == mine["seed"]):
-            target = r_base["final_test"]["accuracy"]
+        for name in baselines:
+            # the baseline run of the same seed, else the mean over the seeds it was run with
+            rs = [r for r in runs if variant(r) == name and r["seed"] == mine["seed"]] or \
+                 [r for r in runs if variant(r) == name]
+            target = statistics.mean(r["final_test"]["accuracy"] for r in rs)
+            cost = statistics.mean(r["totals"]["responses"] for r in rs)
             got = reach(mine["curve"], target, "responses")
             verdict = (" (not reached)" if got is None else " (the SFT policy already had it)" if got == 0
-                       else f" -> {r_base['totals']['responses'] / got:.1f}x fewer")
-            print(f"seed {mine['seed']}: {variant(mine)} reaches {variant(r_base)}'s final accuracy {target:.3f} at "
-                  f"{got} responses vs its {r_base['totals']['responses']}{verdict}")
+                       else f" -> {cost / got:.1f}x fewer")
+            print(f"seed {mine['seed']}: {variant(mine)} reaches {name}'s final accuracy {target:.3f} (seeds "
+                  f"{[r['seed'] for r in rs]}) at {got} responses vs its {cost:.0f}{verdict}")
 
 
 def run() -> None:
