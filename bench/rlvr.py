@@ -94,8 +94,8 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
               for s, a in dev_cb.history if s in cost]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
-    return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed, "curve": curve, "steps": steps,
-            "final_test": final, "totals": totals,
+    return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed,
+            "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
             "generation_tokens_per_s": totals["tokens"] / max(gen_s, 1e-9),
@@ -145,7 +145,8 @@ def run() -> None:
                     help="override rlvr.learning_rate (e.g. dapo, whose batches hold no zero-advantage group, "
                          "takes larger steps at the same rate)")
     ap.add_argument("--buffer-seed", choices=["none", "reference"], default=None,
-                    help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference solutions)")
+                    help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference "
+                         "solutions)")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,

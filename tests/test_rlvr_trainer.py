@@ -58,7 +58,8 @@ def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_pat
 
 
 def test_reference_responses_seed_the_buffer_with_verified_solutions_only(tiny):
-    reward = VerifierReward({prompt(r["question"]): r for r in tiny.records}, SandboxLimits(cpu_seconds=1, wall_seconds=3))
+    reward = VerifierReward({prompt(r["question"]): r for r in tiny.records},
+                            SandboxLimits(cpu_seconds=1, wall_seconds=3))
     wrong = {**tiny.records[0], "answer": tiny.records[0]["answer"] + 1}  # its reference solution now fails the check
     reward.records[prompt(wrong["question"])] = wrong
     seeds = reference_responses(tiny.records, reward, tiny.tok)
