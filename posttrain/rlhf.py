@@ -2,11 +2,12 @@
 
 GRPO already samples n responses per prompt, takes a clipped policy-gradient step and adds a KL penalty to
 the reference policy. What it lacks is the pairwise reward; ``RoutedPairwiseReward`` is that reward
-function. Per prompt group it:
+function. For a step's batch of prompt groups it:
 
 1. scores every pair (i, j) with the PM, antisymmetrised: s_ij = (r_ij - r_ji) / 2, u_ij from both orders;
 2. routes pairs to the judge by the configured policy (uncertainty threshold or budget, random, rm_only,
-   judge_only) and overwrites their s_ij by the verdict (+2 / -2 / 0); a failed judge call keeps the PM's;
+   judge_only) over all the step's pairs at once (a budget is budget x the step's pairs), and overwrites their
+   s_ij by the verdict (+2 / -2 / 0); a failed judge call keeps the PM's;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
 
 Because sum_i A_i = 0 within a group, GRPO's group-mean baseline leaves A_i unchanged; with
@@ -35,7 +36,7 @@ from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
 from posttrain.generation import HFGenerator, trl_vllm_args
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.rng_state import rng_state, set_rng_state
-from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route, upper_pairs
+from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route_batch, upper_pairs
 from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
 
@@ -53,8 +54,8 @@ class RoutedPairwiseReward:
         self.rng = random.Random(seed)
         self.totals = defaultdict(float)
 
-    def group(self, question: str, responses: list[str]) -> tuple[torch.Tensor, dict]:
-        """Advantages for one prompt's responses, and what routing did."""
+    def score_group(self, question: str, responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, u) for one prompt's responses: antisymmetrised PM logits and pair uncertainties (n x n)."""
         n = len(responses)
         pairs = upper_pairs(n)
         g, var = self.pm.score([(question, responses[i], responses[j]) for i, j in pairs], self.cfg.pm_batch_size)
@@ -62,25 +63,37 @@ class RoutedPairwiseReward:
         r, u = torch.zeros(n, n), torch.ones(n, n)
         for (i, j), gij, uij in zip(pairs, g, u_pair):
             r[i, j], r[j, i], u[i, j], u[j, i] = gij, -gij, uij, uij  # g is already antisymmetric
-        s, u = antisymmetrize(r, u, self.cfg.uncertainty_reduce)
-        routed = route(u, self.cfg.routing, self.cfg.threshold, self.cfg.budget, self.rng)
-        verdicts = self.judge.judge([(question, responses[i], responses[j]) for i, j in routed]) if routed else []
-        judged = {p: v for p, v in zip(routed, verdicts) if v is not None}
-        return pairwise_advantages(apply_verdicts(s, judged), self.cfg.advantage_scale), {
-            "pairs": len(pairs), "routed": len(routed), "judge_failures": len(routed) - len(judged)}
+        return antisymmetrize(r, u, self.cfg.uncertainty_reduce)
 
     def __call__(self, prompts, completions, question, log_metric=None, **_) -> list[float]:
         groups: dict[str, list[int]] = defaultdict(list)
         for k, p in enumerate(prompts):
             groups[p].append(k)
+        groups = list(groups.values())
+        responses = [[completions[k] for k in idx] for idx in groups]
+        # 1. every group's pairs scored by the PM
+        scored = [self.score_group(question[idx[0]], resp) for idx, resp in zip(groups, responses)]
+        # 2. routing over the whole step's pairs, so a budget is budget x the step's pairs (per prompt, 10% of
+        #    6 pairs would round to 1 in 6) and the judge goes to the most uncertain pairs wherever they are
+        index = [(g, i, j) for g, (_, u) in enumerate(scored) for i, j in upper_pairs(len(u))]
+        u_flat = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
+        routed = [index[k] for k in route_batch(u_flat, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
+                                                self.rng)]
+        # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
+        verdicts = self.judge.judge([(question[groups[g][0]], responses[g][i], responses[g][j])
+                                     for g, i, j in routed]) if routed else []
+        judged: dict[int, dict] = defaultdict(dict)
+        for (g, i, j), v in zip(routed, verdicts):
+            if v is not None:
+                judged[g][(i, j)] = v
+        # 4. A_i = scale / (n - 1) * sum_j s_ij per group, as each response's reward
         rewards = [0.0] * len(completions)
-        step = defaultdict(float)
-        for idx in groups.values():
-            adv, info = self.group(question[idx[0]], [completions[k] for k in idx])
+        for g, (idx, (s, _)) in enumerate(zip(groups, scored)):
+            adv = pairwise_advantages(apply_verdicts(s, judged[g]), self.cfg.advantage_scale)
             for k, a in zip(idx, adv.tolist()):
                 rewards[k] = a
-            for key, v in info.items():
-                step[key] += v
+        step = {"pairs": len(index), "routed": len(routed),
+                "judge_failures": len(routed) - sum(len(v) for v in judged.values())}
         for key, v in step.items():
             self.totals[key] += v
         if log_metric is not None:

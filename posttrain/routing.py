@@ -4,9 +4,10 @@ advantages that result.
 Per prompt with n responses:
 1. the PM scores every ordered pair; ``antisymmetrize`` gives s_ij = (r_ij - r_ji) / 2 and u_ij = the mean
    (or max) of both orders' uncertainties;
-2. ``route`` picks the unordered pairs (i < j) the judge decides, by policy: ``uncertainty`` (u above a
-   threshold), ``uncertainty_budget`` (the k most uncertain, k = round(budget x pairs)), ``random`` (k pairs
-   uniformly), ``rm_only`` (none), ``judge_only`` (all);
+2. ``route_batch`` picks, among all the unordered pairs (i < j) of a batch (an RLHF step's prompts, or a
+   benchmark), the ones the judge decides, by policy: ``uncertainty`` (u above a threshold),
+   ``uncertainty_budget`` (the k most uncertain, k = round(budget x pairs)), ``random`` (k pairs uniformly),
+   ``rm_only`` (none), ``judge_only`` (all);
 3. ``apply_verdicts``: A better -> s_ij = +2, B better -> -2, tie -> 0, and s_ji = -s_ij;
 4. ``pairwise_advantages``: A_i = scale / (n - 1) * sum_{j != i} s_ij.
 
@@ -39,32 +40,14 @@ def upper_pairs(n: int) -> list[tuple[int, int]]:
     return [(i, j) for i in range(n) for j in range(i + 1, n)]
 
 
-def route(u: torch.Tensor, policy: Policy, threshold: float = 1.4, budget: float = 0.1,
-          rng: random.Random | None = None) -> list[tuple[int, int]]:
-    """The pairs (i < j) to send to the judge for one prompt, given the symmetric uncertainty matrix u."""
-    pairs = upper_pairs(u.shape[0])
-    if policy == "rm_only" or not pairs:
-        return []
-    if policy == "judge_only":
-        return pairs
-    if policy == "uncertainty":
-        return [(i, j) for i, j in pairs if u[i, j] > threshold]
-    k = budget_count(len(pairs), budget)
-    if policy == "uncertainty_budget":
-        return sorted(sorted(pairs, key=lambda p: -float(u[p]))[:k])
-    if policy == "random":
-        return sorted((rng or random.Random(0)).sample(pairs, k))
-    raise ValueError(f"unknown routing policy {policy!r}")
-
-
 def budget_count(n_pairs: int, budget: float) -> int:
     """k = budget x pairs, rounded half up (so 10% of 10 pairs is exactly 1, and 5% of 10 rounds to 1)."""
     return min(n_pairs, math.floor(budget * n_pairs + 0.5))
 
 
-def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float,
-                rng: random.Random) -> list[tuple[int, int]]:
-    """Global routing over many pairs (e.g. a benchmark): u is a vector, the result a list of indices.
+def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float, rng: random.Random) -> list[int]:
+    """The pairs to send to the judge among many (an RLHF step's, a benchmark's): u is a vector of their
+    uncertainties, the result a sorted list of indices into it.
 
     Budget policies pick k = budget x len(u) pairs in total; ``uncertainty`` uses the threshold.
     """

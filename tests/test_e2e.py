@@ -261,7 +261,7 @@ def test_rlhf_routed_resumes_with_its_judge_ledger_and_dev_history(repro):
     assert "rlhf_routed: resuming from" in out and "checkpoint-" in out
     metrics = json.loads((repo / "reports/metrics/rlhf_routed.json").read_text())
     n = cfg["n_responses"]
-    routed = cfg["max_steps"] * cfg["prompts_per_step"] * budget_count(n * (n - 1) // 2, cfg["budget"])
+    routed = cfg["max_steps"] * budget_count(cfg["prompts_per_step"] * n * (n - 1) // 2, cfg["budget"])
     assert metrics["judge_calls"] + metrics["judge_cache_hits"] == 2 * routed  # both orders asked
     assert [step for step, _ in metrics["dev_accuracy"]] == [2, 4]
     assert_nothing_lost(repo, "rlhf_routed", ["models/rlhf", "reports/routing"])

@@ -13,7 +13,7 @@ from posttrain.judge_client import JudgeCache, JudgeClient
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
 from posttrain.judge_server import JudgeService, build_app, verifier_backend
 from posttrain.params import load_params
-from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, pairwise_advantages, route,
+from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, pairwise_advantages,
                                route_batch)
 
 RECORDS = [{"id": f"q{i}", "question": f"Compute {i} + 1.", "answer": i + 1, "difficulty": 1} for i in range(8)]
@@ -115,18 +115,16 @@ def test_verdict_parser_and_prompt_round_trip():
 
 
 def test_budget_routing_is_exact_and_random_matches_the_count():
-    u = torch.rand(6, 6)
-    u = (u + u.T) / 2
+    u = torch.rand(15)
     for budget in (0.0, 0.05, 0.1, 0.2, 0.4, 1.0):
         k = budget_count(15, budget)
-        top = route(u, "uncertainty_budget", budget=budget)
-        assert len(top) == k and len(route(u, "random", budget=budget, rng=random.Random(3))) == k
+        top = route_batch(u, "uncertainty_budget", 0, budget, random.Random(0))
+        assert len(top) == k and len(route_batch(u, "random", 0, budget, random.Random(3))) == k
         if k:  # the chosen pairs are the k most uncertain
-            chosen_min = min(float(u[p]) for p in top)
-            others = [float(u[i, j]) for i in range(6) for j in range(i + 1, 6) if (i, j) not in top]
-            assert all(chosen_min >= x for x in others)
-    assert route(u, "rm_only") == [] and len(route(u, "judge_only")) == 15
-    assert all(u[p] > 0.5 for p in route(u, "uncertainty", threshold=0.5))
+            assert min(float(u[i]) for i in top) >= max((float(u[i]) for i in range(15) if i not in top), default=0)
+    assert route_batch(u, "rm_only", 0, 0, random.Random(0)) == []
+    assert route_batch(u, "judge_only", 0, 0, random.Random(0)) == list(range(15))
+    assert all(u[i] > 0.5 for i in route_batch(u, "uncertainty", 0.5, 0, random.Random(0)))
     flat = torch.rand(200)
     assert len(route_batch(flat, "uncertainty_budget", 0, 0.1, random.Random(0))) == 20
     assert len(route_batch(flat, "random", 0, 0.1, random.Random(0))) == 20
@@ -187,6 +185,29 @@ def test_routed_reward_honours_the_budget_and_falls_back_on_judge_failures():
         RoutedPairwiseReward(StubPM(), StubJudge(), cfg.model_copy(update={"routing": "rm_only"}), 0)(
             prompts=["p"] * 4, completions=responses, question=["q"] * 4))
     assert reward.totals["judge_failures"] == 3
+
+
+def test_routed_reward_spends_the_budget_on_the_steps_most_uncertain_pairs():
+    """The budget is over the whole step's pairs: 10% of 2 x 6 pairs is 1 call (per prompt it would round to 1
+    each, 17%), and it goes to the most uncertain pair of the step, here in the second prompt."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "uncertainty_budget",
+                                                                           "budget": 0.1})
+    far_apart = ["a", "a" * 6, "a" * 12, "a" * 18]  # lengths 5 or more apart: the PM is sure
+    close = ["aa right", "a", "aaaa", "aaa right"]  # |8 - 9| = 1: the step's most uncertain pair
+    judge, metrics = StubJudge(), {}
+    reward = RoutedPairwiseReward(StubPM(), judge, cfg, seed=0)
+    rewards = reward(prompts=["p1"] * 4 + ["p2"] * 4, completions=far_apart + close,
+                     question=["q1"] * 4 + ["q2"] * 4, log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert judge.asked == [("q2", "aa right", "aaa right")]
+    assert metrics["routing/routed_fraction"] == pytest.approx(1 / 12) and reward.totals["routed"] == 1
+    # the verdict (A better: s_03 = +2) replaced the PM's s_03 = (8 - 9) = -1 for that pair only
+    rm_only = RoutedPairwiseReward(StubPM(), StubJudge(), cfg.model_copy(update={"routing": "rm_only"}), 0)(
+        prompts=["p1"] * 4 + ["p2"] * 4, completions=far_apart + close, question=["q1"] * 4 + ["q2"] * 4)
+    shift = cfg.advantage_scale * 3 / 3  # scale / (n - 1) * (2 - (-1))
+    assert rewards[:4] == pytest.approx(rm_only[:4]) and rewards[5:7] == pytest.approx(rm_only[5:7])
+    assert rewards[4] - rm_only[4] == pytest.approx(shift) and rewards[7] - rm_only[7] == pytest.approx(-shift)
 
 
 def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
