@@ -3,9 +3,11 @@ policy (uncertainty_budget at `rlhf.budget`, random at the same budget, rm_only,
 test accuracy of each resulting policy and what its judge cost.
 
     python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
+    python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
-its own. Prints a table, writes reports/bench/rlhf_downstream.json and logs to MLflow; nothing is asserted.
+its own. Prints a table, writes reports/bench/rlhf_downstream.json, a plot of test accuracy against judge cost
+beside it (.png) and logs to MLflow; nothing is asserted.
 """
 from __future__ import annotations
 
@@ -16,16 +18,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import mlflow
+import matplotlib
 
-from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
-from posttrain.judge_server import judge_endpoint
-from posttrain.params import load_params
-from posttrain.preference_model import PreferenceModel
-from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy
-from posttrain.tracking import bench_run
-from posttrain.jsonl import read_jsonl
-from stages.rlhf_routed import DATA, PM_DIR, POLICY
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+
+from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient  # noqa: E402
+from posttrain.judge_server import judge_endpoint  # noqa: E402
+from posttrain.params import load_params  # noqa: E402
+from posttrain.preference_model import PreferenceModel  # noqa: E402
+from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy  # noqa: E402
+from posttrain.tracking import bench_run  # noqa: E402
+from posttrain.jsonl import read_jsonl  # noqa: E402
+from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
 
 OUT = Path("reports/bench/rlhf_downstream.json")
 ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")
@@ -49,6 +55,36 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+def summarize(sft: dict, runs: list[dict]) -> None:
+    print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
+    print(f"{'routing':20}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
+    for routing in dict.fromkeys(r["routing"] for r in runs):
+        rs = [r for r in runs if r["routing"] == routing]
+        accs = [r["test_accuracy"] for r in rs]
+        print(f"{routing:20}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
+              f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
+              f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
+
+
+def plot(sft: dict, runs: list[dict], out: Path) -> None:
+    """Test accuracy against judge cost, one marker per run, the routing policy's mean as a larger one."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.axhline(sft["accuracy"], color="grey", ls="--", lw=1, label="SFT policy")
+    for k, routing in enumerate(dict.fromkeys(r["routing"] for r in runs)):
+        rs = [r for r in runs if r["routing"] == routing]
+        cost, acc = [r["judge_cost"] for r in rs], [r["test_accuracy"] for r in rs]
+        ax.scatter(cost, acc, color=f"C{k}", alpha=0.45, s=22)
+        ax.scatter([statistics.mean(cost)], [statistics.mean(acc)], color=f"C{k}", s=90, edgecolor="black",
+                   label=f"{routing} (mean of {len(rs)})")
+    ax.set_xlabel("judge cost per run (USD)")
+    ax.set_ylabel("test accuracy after rlhf_routed")
+    ax.set_title("Routed RLHF: accuracy vs judge cost")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def run() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3, help="training seeds per routing policy")
@@ -56,7 +92,21 @@ def run() -> None:
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: rlhf.max_steps)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="no training: join these results files (e.g. routings run in parallel) into --out, plot, print")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in args.merge]
+        sft, runs = parts[0]["sft"], [r for part in parts for r in part["runs"]]
+        for f, part in zip(args.merge, parts):
+            if part["sft"]["accuracy"] != sft["accuracy"]:
+                raise SystemExit(f"{f}: started from a policy with test accuracy {part['sft']['accuracy']:.3f}, "
+                                 f"{args.merge[0]} from {sft['accuracy']:.3f}; runs from different SFT policies "
+                                 "do not compare")
+        args.out.write_text(json.dumps({"sft": sft, "runs": runs}, indent=1))
+        summarize(sft, runs)
+        plot(sft, runs, args.out.with_suffix(".png"))
+        return
     params = load_params()
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
     pm = PreferenceModel.from_pretrained(PM_DIR)
@@ -78,15 +128,8 @@ def run() -> None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))  # partial results survive a crash
         mlflow.log_artifact(str(args.out))
-    print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
-    print(f"{'routing':20}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
-    for routing in args.routings:
-        rs = [r for r in results if r["routing"] == routing]
-        accs = [r["test_accuracy"] for r in rs]
-        print(f"{routing:20}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
-              f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
-              f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
-
+    summarize(sft, results)
+    plot(sft, results, args.out.with_suffix(".png"))
 
 if __name__ == "__main__":
     run()
