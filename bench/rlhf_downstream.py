@@ -62,7 +62,8 @@ def summarize(sft: dict, runs: list[dict]) -> None:
         rs = [r for r in runs if r["routing"] == routing]
         accs = [r["test_accuracy"] for r in rs]
         print(f"{routing:20}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
-              f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
+              f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
+              f"{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
               f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
 
 
@@ -93,7 +94,8 @@ def run() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
-                    help="no training: join these results files (e.g. routings run in parallel) into --out, plot, print")
+                    help="no training: join these results files (e.g. routings run in parallel) into --out, "
+                         "plot, print")
     args = ap.parse_args()
     if args.merge:
         parts = [json.loads(f.read_text()) for f in args.merge]
@@ -111,7 +113,8 @@ def run() -> None:
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
     pm = PreferenceModel.from_pretrained(PM_DIR)
     results = []
-    with bench_run("rlhf_downstream", params), judge_endpoint(params.judge, sum(splits.values(), []), params.seed) as url:
+    records = [r for split in splits.values() for r in split]
+    with bench_run("rlhf_downstream", params), judge_endpoint(params.judge, records, params.seed) as url:
         sft = own_choice_accuracy(POLICY, splits["test"], params.rlhf.max_new_tokens, params.sandbox)
         mlflow.log_metric("sft_test_accuracy", sft["accuracy"])
         for routing in args.routings:
@@ -126,7 +129,8 @@ def run() -> None:
                 print(f"{routing} seed {seed}: test accuracy {r['test_accuracy']:.3f}, judge {r['judge_calls']} calls "
                       f"${r['judge_cost']:.4f}, routed {r['routed_fraction']:.3f} ({r['seconds']} s)")
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))  # partial results survive a crash
+                # partial results survive a crash
+                args.out.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))
         mlflow.log_artifact(str(args.out))
     summarize(sft, results)
     plot(sft, results, args.out.with_suffix(".png"))

@@ -3,6 +3,7 @@ cumulative generated responses and tokens, zero-advantage share, generation thro
 and the RLVR policy vs the SFT policy per difficulty over seeds.
 
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
+                          [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S]
     python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
 
 Run after `dvc repro` (needs models/sft). Test accuracy is measured every --eval-every steps on the test split.
@@ -36,7 +37,8 @@ OUT = Path("reports/rlvr")
 def variant(run: dict) -> str:
     """What a run compares as: the algorithm, with the settings that differ between runs of one algorithm."""
     name = run["algo"] + (" + seeded buffer" if run.get("buffer_seed", "none") != "none" else "")
-    return f"{name}, lr {run['learning_rate']:g}"
+    schedule = f", k {run['k']} x {run['stages']} stages" if run["algo"] == "ar3po" else ""
+    return f"{name}, lr {run['learning_rate']:g}{schedule}"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
@@ -90,11 +92,13 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     cost = {c["step"]: c for c in trainer.curve}
     # the dev callback ran on the test split here: accuracy at each eval step with the cost so far
     curve = [{"step": 0, "test_accuracy": None, "responses": 0, "tokens": 0, "zero_advantage_share": 0.0}]
-    curve += [{"step": s, "test_accuracy": a, **{k: cost[s][k] for k in ("responses", "tokens", "zero_advantage_share")}}
+    cost_keys = ("responses", "tokens", "zero_advantage_share")
+    curve += [{"step": s, "test_accuracy": a, **{k: cost[s][k] for k in cost_keys}}
               for s, a in dev_cb.history if s in cost]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed,
+            "k": cfg.k, "stages": cfg.stages,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
@@ -147,6 +151,9 @@ def run() -> None:
     ap.add_argument("--buffer-seed", choices=["none", "reference"], default=None,
                     help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference "
                          "solutions)")
+    ap.add_argument("--k", type=int, default=None,
+                    help="ar3po: responses per active prompt per stage (default: rlvr.k)")
+    ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
@@ -165,8 +172,8 @@ def run() -> None:
         summarize(sft, runs)
         return
     params = load_params()
-    overrides = {k: v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed))
-                 if v is not None}
+    overrides = {k: v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
+                                   ("k", args.k), ("stages", args.stages)) if v is not None}
     params = params.model_copy(update={"rlvr": params.rlvr.model_copy(update=overrides)})
     steps = args.steps or params.rlvr.max_steps
     train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
