@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,10 @@ def check_deployment_runs_from_the_api(repo: Path, env: dict, api: str) -> None:
             found = [d for d in api_call(f"{api}/deployments/filter") if d["name"] == "default"]
             deployment = found[0] if found else time.sleep(1)
         assert deployment is not None, "the deployment never registered"
+        # the idempotency key makes a retried POST (a 503 after the run was created) return that run, not a second
         run = api_call(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                       {"parameters": {"stages": ["prepare", "base_model"], "overrides": {"prepare.n_dev": 12}}})
+                       {"parameters": {"stages": ["prepare", "base_model"], "overrides": {"prepare.n_dev": 12}},
+                        "idempotency_key": f"test-run-{uuid.uuid4()}"})
         deadline, state = time.time() + 300, None
         while time.time() < deadline and state not in ("COMPLETED", "FAILED", "CRASHED"):
             time.sleep(2)
