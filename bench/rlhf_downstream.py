@@ -51,6 +51,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     return {"routing": routing, "seed": seed, "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
+            "identical_pair_share": reward.totals["identical_pairs"] / max(reward.totals["pairs"], 1),
             "judge_calls": ledger.calls, "judge_cost": ledger.cost, "judge_failures": reward.totals["judge_failures"],
             "seconds": round(time.perf_counter() - start, 1)}
 

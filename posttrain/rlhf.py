@@ -6,8 +6,9 @@ function. For a step's batch of prompt groups it:
 
 1. scores every pair (i, j) with the PM, antisymmetrised: s_ij = (r_ij - r_ji) / 2, u_ij from both orders;
 2. routes pairs to the judge by the configured policy (uncertainty threshold or budget, random, rm_only,
-   judge_only) over all the step's pairs at once (a budget is budget x the step's pairs), and overwrites their
-   s_ij by the verdict (+2 / -2 / 0); a failed judge call keeps the PM's;
+   judge_only) over all the step's pairs at once (a budget is budget x the step's pairs; pairs of identical
+   responses, ties by construction, are never sent), and overwrites their s_ij by the verdict (+2 / -2 / 0);
+   a failed judge call keeps the PM's;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
 
 Because sum_i A_i = 0 within a group, GRPO's group-mean baseline leaves A_i unchanged; with
@@ -75,10 +76,14 @@ class RoutedPairwiseReward:
         scored = [self.score_group(question[idx[0]], resp) for idx, resp in zip(groups, responses)]
         # 2. routing over the whole step's pairs, so a budget is budget x the step's pairs (per prompt, 10% of
         #    6 pairs would round to 1 in 6) and the judge goes to the most uncertain pairs wherever they are
+        #    A pair of identical responses is a tie by construction: its antisymmetrised PM logit is 0, which the
+        #    predictive score ranks as the most uncertain of all, and a low-entropy policy samples many such pairs.
+        #    Routed, they would take the whole budget and the judge would only confirm the tie, so they never go.
         index = [(g, i, j) for g, (_, u) in enumerate(scored) for i, j in upper_pairs(len(u))]
         u_flat = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
+        distinct = [responses[g][i].strip() != responses[g][j].strip() for g, i, j in index]
         routed = [index[k] for k in route_batch(u_flat, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
-                                                self.rng)]
+                                                self.rng, eligible=distinct)]
         # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
         verdicts = self.judge.judge([(question[groups[g][0]], responses[g][i], responses[g][j])
                                      for g, i, j in routed]) if routed else []
@@ -92,7 +97,7 @@ class RoutedPairwiseReward:
             adv = pairwise_advantages(apply_verdicts(s, judged[g]), self.cfg.advantage_scale)
             for k, a in zip(idx, adv.tolist()):
                 rewards[k] = a
-        step = {"pairs": len(index), "routed": len(routed),
+        step = {"pairs": len(index), "routed": len(routed), "identical_pairs": len(index) - sum(distinct),
                 "judge_failures": len(routed) - sum(len(v) for v in judged.values())}
         for key, v in step.items():
             self.totals[key] += v
@@ -100,6 +105,7 @@ class RoutedPairwiseReward:
             ledger = self.judge.ledger.as_metrics("judge/")
             log_metric("routing/routed_fraction", step["routed"] / max(step["pairs"], 1))
             log_metric("routing/judge_failures", step["judge_failures"])
+            log_metric("routing/identical_share", step["identical_pairs"] / max(step["pairs"], 1))
             for key in ("judge/calls", "judge/cost", "judge/cache_hits", "judge/failures"):
                 log_metric(f"{key}_total", ledger[key])
         return rewards

@@ -45,24 +45,26 @@ def budget_count(n_pairs: int, budget: float) -> int:
     return min(n_pairs, math.floor(budget * n_pairs + 0.5))
 
 
-def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float, rng: random.Random) -> list[int]:
+def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float, rng: random.Random,
+                eligible: list[bool] | None = None) -> list[int]:
     """The pairs to send to the judge among many (an RLHF step's, a benchmark's): u is a vector of their
     uncertainties, the result a sorted list of indices into it.
 
-    Budget policies pick k = budget x len(u) pairs in total; ``uncertainty`` uses the threshold.
+    Budget policies pick k = budget x len(u) pairs in total; ``uncertainty`` uses the threshold. Only pairs marked
+    ``eligible`` (default: all) are ever picked, so k is at most their number.
     """
-    n = len(u)
+    pool = [i for i in range(len(u)) if eligible is None or eligible[i]]
     if policy == "rm_only":
         return []
     if policy == "judge_only":
-        return list(range(n))
+        return pool
     if policy == "uncertainty":
-        return [i for i in range(n) if u[i] > threshold]
-    k = budget_count(n, budget)
+        return [i for i in pool if u[i] > threshold]
+    k = min(budget_count(len(u), budget), len(pool))
     if policy == "uncertainty_budget":
-        return sorted(torch.argsort(u, descending=True, stable=True)[:k].tolist())
+        return sorted(sorted(pool, key=lambda i: -float(u[i]))[:k])
     if policy == "random":
-        return sorted(rng.sample(range(n), k))
+        return sorted(rng.sample(pool, k))
     raise ValueError(f"unknown routing policy {policy!r}")
 
 

@@ -80,6 +80,7 @@ def main() -> None:
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         metrics = {"routing": summary, "sft_test": before, "rlhf_test": after,
                    "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
+                   "identical_pair_share": reward.totals["identical_pairs"] / max(reward.totals["pairs"], 1),
                    "judge_failures": reward.totals["judge_failures"], "dev_accuracy": dev_cb.history,
                    **{k.replace("judge.", "judge_"): v for k, v in ledger.as_metrics().items()}}
         atomic_write_json(METRICS, metrics)
@@ -87,7 +88,8 @@ def main() -> None:
                             **ledger.as_metrics("judge_total.")})
         print(f"rlhf_routed: test accuracy {before['accuracy']:.3f} (sft) -> {after['accuracy']:.3f} (rlhf, "
               f"{cfg.routing}); judge {ledger.calls} calls, ${ledger.cost:.4f}, "
-              f"routed {metrics['routed_fraction']:.3f} of pairs")
+              f"routed {metrics['routed_fraction']:.3f} of pairs ({metrics['identical_pair_share']:.3f} were "
+              "pairs of identical responses, never routed)")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,9 @@ def test_budget_routing_is_exact_and_random_matches_the_count():
     assert route_batch(u, "rm_only", 0, 0, random.Random(0)) == []
     assert route_batch(u, "judge_only", 0, 0, random.Random(0)) == list(range(15))
     assert all(u[i] > 0.5 for i in route_batch(u, "uncertainty", 0.5, 0, random.Random(0)))
+    eligible = [i % 3 != 0 for i in range(15)]
+    assert all(eligible[i] for i in route_batch(u, "uncertainty_budget", 0, 0.4, random.Random(0), eligible))
+    assert len(route_batch(u, "random", 0, 1.0, random.Random(0), eligible)) == sum(eligible)  # k capped by the pool
     flat = torch.rand(200)
     assert len(route_batch(flat, "uncertainty_budget", 0, 0.1, random.Random(0))) == 20
     assert len(route_batch(flat, "random", 0, 0.1, random.Random(0))) == 20
@@ -208,6 +211,27 @@ def test_routed_reward_spends_the_budget_on_the_steps_most_uncertain_pairs():
     shift = cfg.advantage_scale * 3 / 3  # scale / (n - 1) * (2 - (-1))
     assert rewards[:4] == pytest.approx(rm_only[:4]) and rewards[5:7] == pytest.approx(rm_only[5:7])
     assert rewards[4] - rm_only[4] == pytest.approx(shift) and rewards[7] - rm_only[7] == pytest.approx(-shift)
+
+
+def test_pairs_of_identical_responses_never_reach_the_judge():
+    """Identical responses tie by construction; the PM gives them s = 0, the most uncertain score of all, so without
+    the rule they would take the whole budget. Budget, threshold, random and judge_only all leave them out."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    responses = ["aa right", "aa right", "a", "aaaaaaa"]  # (0, 1) identical: u = 1, above every other pair
+    base = load_params("configs/params.smoke.yaml").rlhf
+    for routing, budget in (("uncertainty_budget", 0.2), ("random", 0.5), ("judge_only", 0.0), ("uncertainty", 0.0)):
+        judge = StubJudge()
+        reward = RoutedPairwiseReward(StubPM(), judge, base.model_copy(update={
+            "routing": routing, "budget": budget, "threshold": 0.0}), seed=0)
+        reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+        assert judge.asked and all(a != b for _, a, b in judge.asked), (routing, judge.asked)
+        assert reward.totals["identical_pairs"] == 1
+    # the budget (round(0.2 x 6) = 1) goes to the most uncertain distinct pair, lengths 8 and 7
+    judge = StubJudge()
+    RoutedPairwiseReward(StubPM(), judge, base.model_copy(update={"routing": "uncertainty_budget", "budget": 0.2}),
+                         seed=0)(prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+    assert judge.asked == [("q", "aa right", "aaaaaaa")]
 
 
 def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
