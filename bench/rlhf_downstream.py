@@ -30,6 +30,7 @@ from posttrain.params import load_params  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
+from results_files import join_results  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
 
@@ -99,14 +100,7 @@ def run() -> None:
                          "plot, print")
     args = ap.parse_args()
     if args.merge:
-        parts = [json.loads(f.read_text()) for f in args.merge]
-        sft, runs = parts[0]["sft"], [r for part in parts for r in part["runs"]]
-        for f, part in zip(args.merge, parts):
-            if part["sft"]["accuracy"] != sft["accuracy"]:
-                raise SystemExit(f"{f}: started from a policy with test accuracy {part['sft']['accuracy']:.3f}, "
-                                 f"{args.merge[0]} from {sft['accuracy']:.3f}; runs from different SFT policies "
-                                 "do not compare")
-        args.out.write_text(json.dumps({"sft": sft, "runs": runs}, indent=1))
+        sft, runs = join_results(args.merge, args.out, "sft")
         summarize(sft, runs)
         plot(sft, runs, args.out.with_suffix(".png"))
         return

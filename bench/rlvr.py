@@ -28,6 +28,7 @@ import mlflow  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.rlhf import own_choice_accuracy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
+from results_files import join_results  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from stages.rlvr_ar3po import DATA, POLICY, train_rlvr  # noqa: E402
 
@@ -160,14 +161,7 @@ def run() -> None:
                     help="no training: join these results files (e.g. runs of other seeds) into --out, plot, print")
     args = ap.parse_args()
     if args.merge:
-        parts = [json.loads(f.read_text()) for f in args.merge]
-        sft, runs = parts[0]["sft_test"], [r for part in parts for r in part["runs"]]
-        for f, part in zip(args.merge, parts):
-            if part["sft_test"]["accuracy"] != sft["accuracy"]:
-                raise SystemExit(f"{f}: started from a policy with test accuracy {part['sft_test']['accuracy']:.3f}, "
-                                 f"{args.merge[0]} from {sft['accuracy']:.3f}; runs from different SFT policies "
-                                 "do not compare")
-        args.out.write_text(json.dumps({"sft_test": sft, "runs": runs}, indent=1))
+        sft, runs = join_results(args.merge, args.out, "sft_test")
         plot(runs, args.out.with_suffix(".png"))
         summarize(sft, runs)
         return
