@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 
 from posttrain.params import load_params  # noqa: E402
-from posttrain.rlhf import own_choice_accuracy  # noqa: E402
+from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from results_files import join_results  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402

@@ -169,6 +169,8 @@ class RewardModelParams(TrainingParams):
     mc_samples: int = Field(ge=2, description="mc_dropout: stochastic passes per pair")
     ensemble_size: int = Field(ge=2, description="ensemble: independently initialised heads on the shared backbone")
     max_response_tokens: int = Field(ge=8, description="each response keeps at most its last this many tokens")
+    tie_share: float = Field(ge=0, lt=1, description="share of the PM's training rows that are tie pairs (target "
+                                                     "1/2); 0 = decisive pairs only, the paper's Bradley-Terry")
     pointwise_max_steps: int = Field(ge=1, description="steps of the pointwise Bradley-Terry RM baseline (TRL RewardTrainer)")
     eval_batch_size: int = Field(ge=1, description="pairs per scoring batch")
 

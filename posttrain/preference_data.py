@@ -6,6 +6,9 @@ reference sample the label calls a loser, and every reference sample the label c
 one it calls a loser. The label is the task verifier or the anchor rule (AAF: the sample wins when h_w < 0);
 both decisions are kept on every sample so their agreement can be measured.
 
+Tie pairs (``tie_pairs``), for one prompt: two samples with the same label and different text, and the anchor
+against each winner; the PM may train on them with target 1/2 (``train_rm.tie_share``).
+
 Benchmark pairs (``benchmark_pairs``), from the test split only: responses of several checkpoints with
 verifier verdicts, balanced by difficulty: decisive pairs (one right, one wrong: the label names the right
 one) and hard tie pairs (both wrong with different answers; both right with different lengths).
@@ -60,6 +63,33 @@ def training_pairs(samples: list[dict], label: str) -> list[dict]:
                 if w["response"] != s["response"]:
                     pairs.append({"id": first["id"], "question": first["question"], "chosen": w["response"],
                                   "rejected": s["response"], "source": "reference_vs_reference", "label": label})
+    return pairs
+
+
+def tie_pairs(samples: list[dict], label: str) -> list[dict]:
+    """Pairs the label calls a tie, as (a, b): two reference samples of a prompt with the same verdict (both
+    winners or both losers) and different text, and each winner against its own anchor where they differ.
+
+    Bradley-Terry pairs carry only "one is better", so a PM trained on them alone is taught no neutral answer
+    and is confidently one-sided on ties; online RLHF samples mostly such pairs (both right or both wrong).
+    """
+    key = "verifier_wins" if label == "verifier" else "anchor_wins"
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for s in samples:
+        by_prompt[s["id"]].append(s)
+    pairs = []
+    for group in by_prompt.values():
+        first = group[0]
+        texts = {verdict: list(dict.fromkeys(s["response"] for s in group if bool(s[key]) == verdict
+                                              and s["response"].strip()))
+                 for verdict in (True, False)}
+        for verdict, found in texts.items():
+            pairs += [{"id": first["id"], "question": first["question"], "a": a, "b": b, "label": label,
+                       "source": "both_winners" if verdict else "both_losers"} for a, b in combinations(found, 2)]
+        with_anchor = dict.fromkeys((s["anchor"], s["response"]) for s in group
+                                    if s[key] and s["response"].strip() != s["anchor"].strip())
+        pairs += [{"id": first["id"], "question": first["question"], "a": anchor, "b": w, "label": label,
+                   "source": "anchor_vs_winner"} for anchor, w in with_anchor]
     return pairs
 
 

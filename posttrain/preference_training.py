@@ -25,10 +25,20 @@ from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, tail
 
 
-def both_orders(pairs: list[dict], seed: int) -> list[tuple[tuple[str, str, str], int]]:
-    """((question, A, B), label) for every pair as (chosen, rejected) -> 1 and (rejected, chosen) -> 0, shuffled."""
-    rows = [((p["question"], p["chosen"], p["rejected"]), 1) for p in pairs]
-    rows += [((p["question"], p["rejected"], p["chosen"]), 0) for p in pairs]
+def tie_sample(pairs: list[dict], ties: list[dict], tie_share: float, seed: int) -> list[dict]:
+    """As many of ``ties`` as make ``tie_share`` of the training rows beside ``pairs`` (all if there are fewer;
+    none at 0, the paper's Bradley-Terry)."""
+    n = min(len(ties), round(tie_share / (1 - tie_share) * len(pairs))) if tie_share > 0 else 0
+    return random.Random(seed).sample(list(ties), n)
+
+
+def both_orders(pairs: list[dict], seed: int, ties: list[dict] = ()) -> list[tuple[tuple[str, str, str], float]]:
+    """((question, A, B), label), shuffled: every pair as (chosen, rejected) -> 1 and (rejected, chosen) -> 0, and
+    every tie (a dict with question/a/b) as (a, b) and (b, a) -> 1/2."""
+    rows = [((p["question"], p["chosen"], p["rejected"]), 1.0) for p in pairs]
+    rows += [((p["question"], p["rejected"], p["chosen"]), 0.0) for p in pairs]
+    rows += [((t["question"], t["a"], t["b"]), 0.5) for t in ties]
+    rows += [((t["question"], t["b"], t["a"]), 0.5) for t in ties]
     random.Random(seed).shuffle(rows)
     return rows
 
@@ -43,11 +53,13 @@ def _training_args(cfg: RewardModelParams, out: Path, seed: int, max_steps: int,
 
 
 def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelParams, checkpoint_root: Path,
-                           key_files: list[Path], seed: int) -> PreferenceModel:
-    """Train the PM on ``pairs`` (dicts with question/chosen/rejected) in both orders; fit the sngp posterior."""
+                           key_files: list[Path], seed: int, ties: list[dict] = ()) -> PreferenceModel:
+    """Train the PM on ``pairs`` (dicts with question/chosen/rejected) in both orders, and on ``cfg.tie_share`` of
+    tie rows from ``ties`` (question/a/b, target 1/2); fit the sngp posterior on every row it trained on."""
     set_seed(seed)
     pm = PreferenceModel.from_backbone(init_model, cfg)
-    rows = both_orders(pairs, seed)
+    ties = tie_sample(pairs, ties, cfg.tie_share, seed)
+    rows = both_orders(pairs, seed, ties)
     dataset = Dataset.from_list([{"triple": list(triple), "labels": y} for triple, y in rows])
 
     def collate(batch: list[dict]) -> dict:
@@ -59,7 +71,8 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
         print(f"train_rm: resuming the preference model from {resume}")
     args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
     Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate).train(resume_from_checkpoint=resume)
-    pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs], cfg.eval_batch_size)
+    pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs]
+                     + [(t["question"], t["a"], t["b"]) for t in ties], cfg.eval_batch_size)
     return pm.eval()  # the checkpoints stay (see claim_checkpoint_dir)
 
 

@@ -26,7 +26,8 @@ from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
 from posttrain.judge_server import judge_endpoint
 from posttrain.params import load_params
 from posttrain.preference_model import PreferenceModel
-from posttrain.rlhf import RoutedPairwiseReward, own_choice_accuracy, train_routed_policy
+from posttrain.policy_accuracy import own_choice_accuracy
+from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy
 from posttrain.routing_eval import plot_curve, routing_curve, summarize_curve
 from posttrain.tracking import stage_run
 

@@ -25,7 +25,7 @@ from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.params_schema import Params
-from posttrain.rlhf import DevAccuracyCallback, own_choice_accuracy
+from posttrain.policy_accuracy import DevAccuracyCallback, own_choice_accuracy
 from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
 from posttrain.sandbox import sandbox_limits
 from posttrain.tracking import stage_run
@@ -62,7 +62,8 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
         seeds = reference_responses(train, reward, tokenizer)
         for r in seeds:
             trainer.buffer.add(r)
-        print(f"rlvr_ar3po: replay buffer seeded with {len(seeds)} verified reference solutions of {len(train)} questions")
+        print(f"rlvr_ar3po: replay buffer seeded with {len(seeds)} verified reference solutions "
+              f"of {len(train)} questions")
         if mlflow.active_run() is not None:
             mlflow.log_metric("buffer_seeded", len(seeds))
     trainer.train(resume_from_checkpoint=resume)

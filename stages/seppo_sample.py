@@ -11,7 +11,8 @@ The policy is the final SFT model (models/sft); the references are its earlier c
    writes chosen/rejected.
 
 Writes data/seppo/samples.jsonl (every sample with its checkpoint, verdicts, h_w, h_r and the reference
-log-probs a SePPO/DPO trainer needs), data/seppo/pairs.jsonl (the RM's training pairs) and
+log-probs a SePPO/DPO trainer needs), data/seppo/pairs.jsonl (the RM's training pairs), data/seppo/tie_pairs.jsonl
+(pairs the label calls a tie, for ``train_rm.tie_share``) and
 reports/metrics/seppo_sample.json (reference accuracy per checkpoint, AAF flip rate, AAF-verifier agreement).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from posttrain.generation import open_generator
 from posttrain.jsonl import read_jsonl
 from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
-from posttrain.preference_data import anchor_completion, assign_references, training_pairs
+from posttrain.preference_data import anchor_completion, assign_references, tie_pairs, training_pairs
 from posttrain.sandbox import sandbox_limits
 from posttrain.seppo import completion_logps, reference_checkpoints
 from posttrain.task.records import DataError
@@ -100,19 +101,20 @@ def main() -> None:
         samples.sort(key=lambda s: (s["id"], s["sample"]))
 
         # 4. pairs by the chosen label, and the figures
-        pairs = training_pairs(samples, cfg.label)
-        metrics = {"n_samples": len(samples), "n_pairs": len(pairs), **agreement(samples),
+        pairs, ties = training_pairs(samples, cfg.label), tie_pairs(samples, cfg.label)
+        metrics = {"n_samples": len(samples), "n_pairs": len(pairs), "n_tie_pairs": len(ties), **agreement(samples),
                    "reference_accuracy_by_checkpoint": {
                        Path(r).name: round(sum(s["verifier_wins"] for s in samples if s["reference"] == r)
                                            / max(1, sum(s["reference"] == r for s in samples)), 4) for r in refs}}
         with atomic_dir(OUT) as tmp:
             (tmp / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8")
             (tmp / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
+            (tmp / "tie_pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in ties), encoding="utf-8")
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(metrics, "seppo_sample.json")
-        print(f"seppo_sample: {len(samples)} samples, {len(pairs)} pairs ({cfg.label} labels); "
-              f"reference accuracy {metrics['reference_accuracy']:.3f}, AAF flips {metrics['aaf_flip_rate']:.3f}, "
+        print(f"seppo_sample: {len(samples)} samples, {len(pairs)} pairs, {len(ties)} tie pairs "
+              f"({cfg.label} labels); reference accuracy {metrics['reference_accuracy']:.3f}, AAF flips {metrics['aaf_flip_rate']:.3f}, "
               f"AAF-verifier agreement {metrics['aaf_verifier_agreement']:.3f}")
 
 

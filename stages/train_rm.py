@@ -2,8 +2,8 @@
 measured on the held-out preference benchmark.
 
 1. PM (models/rm): the SFT model's transformer + the ``train_rm.estimator`` head (sngp by default), trained
-   with the Bradley-Terry loss on data/seppo/pairs.jsonl in both orders; for sngp one more pass accumulates
-   the Laplace precision. Loads with ``PreferenceModel.from_pretrained("models/rm")``.
+   with the Bradley-Terry loss on data/seppo/pairs.jsonl in both orders, and on ``train_rm.tie_share`` of its rows
+   from data/seppo/tie_pairs.jsonl with target 1/2; for sngp one more pass accumulates the Laplace precision. Loads with ``PreferenceModel.from_pretrained("models/rm")``.
 2. Pointwise RM (models/rm_pointwise): TRL RewardTrainer on the same pairs, an ordinary
    ``AutoModelForSequenceClassification`` with one label.
 3. Benchmark (data/preference_benchmark/pairs.jsonl): accuracy, ECE raw vs calibrated (g vs g/u), Spearman
@@ -31,7 +31,8 @@ from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.uncertainty import calibrated_logit, pair_uncertainty
 
-SFT, PAIRS, BENCHMARK = "models/sft", Path("data/seppo/pairs.jsonl"), Path("data/preference_benchmark/pairs.jsonl")
+SFT, PAIRS, TIES = "models/sft", Path("data/seppo/pairs.jsonl"), Path("data/seppo/tie_pairs.jsonl")
+BENCHMARK = Path("data/preference_benchmark/pairs.jsonl")
 PM_OUT, POINTWISE_OUT = "models/rm", "models/rm_pointwise"
 CHECKPOINTS, REPORTS, METRICS = Path("checkpoints/train_rm"), Path("reports/rm"), Path("reports/metrics/train_rm.json")
 
@@ -101,12 +102,15 @@ def main() -> None:
         if not pairs:
             raise DataError(f"{PAIRS}: no preference pairs (every reference sample got the same label); "
                             "raise seppo_sample.n_prompts or samples_per_prompt")
+        ties = read_jsonl(TIES) if cfg.tie_share > 0 else []
         bench = read_jsonl(BENCHMARK)
-        mlflow.log_metrics({"n_train_pairs": len(pairs), "n_benchmark_pairs": len(bench)})
+        mlflow.log_metrics({"n_train_pairs": len(pairs), "n_tie_pairs_available": len(ties),
+                            "n_benchmark_pairs": len(bench)})
         print(f"train_rm: {len(pairs)} training pairs, {len(bench)} benchmark pairs, estimator {cfg.estimator}")
 
         # 1. the pairwise PM (+ its uncertainty posterior)
-        pm = train_preference_model(SFT, pairs, cfg, CHECKPOINTS / "pm", key_files=[PAIRS], seed=params.seed)
+        pm = train_preference_model(SFT, pairs, cfg, CHECKPOINTS / "pm", key_files=[PAIRS, TIES], seed=params.seed,
+                                    ties=ties)
         with atomic_dir(PM_OUT) as tmp:
             pm.save_pretrained(tmp)
         # 2. the pointwise baseline

@@ -9,8 +9,9 @@ from trl import DPOConfig
 
 from posttrain.calibration import accuracy_by_decile, expected_calibration_error, spearman
 from posttrain.modeling import device_args
-from posttrain.preference_data import benchmark_pairs, check_no_leakage, training_pairs
+from posttrain.preference_data import benchmark_pairs, check_no_leakage, tie_pairs, training_pairs
 from posttrain.preference_model import PreferenceModel
+from posttrain.preference_training import both_orders, tie_sample
 from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, seppo_loss
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
@@ -168,6 +169,58 @@ def test_training_pairs_follow_the_chosen_label():
     assert by_verifier == {("ANCHOR", "wrong"), ("right", "wrong")}
     by_anchor = {(p["chosen"], p["rejected"]) for p in training_pairs(samples, "anchor")}
     assert by_anchor == {("ANCHOR", "right"), ("wrong", "right")}
+
+
+def test_tie_pairs_join_samples_with_the_same_verdict_and_winners_with_their_anchor():
+    samples = [_sample(1, "right", True, False), _sample(1, "right too", True, True), _sample(1, "ANCHOR", True, True),
+               _sample(1, "wrong", False, False), _sample(1, "wrong too", False, False), _sample(1, "wrong", False, False),
+               _sample(2, "alone", False, True)]
+    ties = {(t["a"], t["b"], t["source"]) for t in tie_pairs(samples, "verifier")}
+    assert ties == {("right", "right too", "both_winners"), ("right", "ANCHOR", "both_winners"),
+                    ("right too", "ANCHOR", "both_winners"), ("wrong", "wrong too", "both_losers"),
+                    ("ANCHOR", "right", "anchor_vs_winner"), ("ANCHOR", "right too", "anchor_vs_winner")}
+    # by the anchor rule the winners are other samples
+    assert {(t["a"], t["b"]) for t in tie_pairs(samples, "anchor") if t["source"] == "both_winners"} == {
+        ("right too", "ANCHOR")}
+
+
+def test_tie_rows_take_their_share_with_target_one_half_in_both_orders():
+    pairs = [{"question": f"q{i}", "chosen": "c", "rejected": "r"} for i in range(30)]
+    ties = [{"question": f"t{i}", "a": "x", "b": "y"} for i in range(100)]
+    assert tie_sample(pairs, ties, 0.0, seed=0) == []
+    chosen = tie_sample(pairs, ties, 0.25, seed=0)
+    rows = both_orders(pairs, seed=0, ties=chosen)
+    assert len(chosen) == 10 and sum(y == 0.5 for _, y in rows) / len(rows) == 0.25
+    assert {(q, a, b) for (q, a, b), y in rows if y == 0.5} == {(t["question"], a, b) for t in chosen
+                                                                for a, b in (("x", "y"), ("y", "x"))}
+    assert sorted(y for _, y in rows if y != 0.5) == [0.0] * 30 + [1.0] * 30
+    assert len(tie_sample(pairs, ties[:3], 0.5, seed=0)) == 3  # fewer ties than the share asks: all of them
+
+
+def test_tie_rows_pull_the_logit_of_a_tie_to_zero(tiny):
+    """Trained with both answers right as a tie, the PM leaves that pair near 1/2; trained on the decisive pair
+    alone, it has no reason to."""
+    q = tiny.problems[0].question
+    decisive = [(q, "Answer: 5", "Answer: 9"), (q, "Answer: 9", "Answer: 5")]
+    tie = [(q, "Answer: 5", "so Answer: 5"), (q, "so Answer: 5", "Answer: 5")]
+
+    def tie_logit(rows):
+        torch.manual_seed(0)
+        pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
+        batch = {**pm.encode([t for t, _ in rows]), "labels": torch.tensor([y for _, y in rows])}
+        opt = torch.optim.Adam(pm.parameters(), lr=1e-2)
+        for _ in range(60):
+            loss = pm(**batch)["loss"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            return abs(float(pm.eval()(**pm.encode(tie[:1]))["logits"][0]))
+
+    with_ties = tie_logit([(decisive[0], 1.0), (decisive[1], 0.0), (tie[0], 0.5), (tie[1], 0.5)])
+    without = tie_logit([(decisive[0], 1.0), (decisive[1], 0.0)])
+    print(f"|logit| on the tie: {with_ties:.3f} trained with it as a tie, {without:.3f} without")
+    assert with_ties < 0.25 and with_ties < without / 4
 
 
 def _resp(text, correct, predicted, n_tokens, source="s"):
