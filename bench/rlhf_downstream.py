@@ -27,8 +27,8 @@ import mlflow  # noqa: E402
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
-from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
+from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from results_files import join_results  # noqa: E402
