@@ -3,6 +3,7 @@ Spearman(uncertainty, correct), accuracy by uncertainty decile, and the PM's pai
 
     python3 bench/preference.py                      # after `dvc repro`: reads reports/metrics/train_rm.json
     python3 bench/preference.py --estimators sngp mc_dropout ensemble   # also retrains the PM with each
+    python3 bench/preference.py --variant tie_share=0,max_steps=800      # retrains with these train_rm values
 
 Prints a report (and writes reports/bench/preference.json); nothing here is asserted.
 """
@@ -15,18 +16,31 @@ import time
 from pathlib import Path
 
 import mlflow
+import yaml
 
 from posttrain.params import load_params
 from posttrain.tracking import bench_run
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import train_preference_model
 from posttrain.jsonl import read_jsonl
-from stages.train_rm import BENCHMARK, PAIRS, SFT, benchmark_report
+from stages.train_rm import BENCHMARK, PAIRS, SFT, TIES, benchmark_report
 
 OUT = Path("reports/bench/preference.json")
 KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "spearman_uncertainty_correct",
         "accuracy_lowest_uncertainty_decile", "accuracy_highest_uncertainty_decile", "spearman_variance_correct",
-        "accuracy_lowest_variance_decile", "accuracy_highest_variance_decile", "spearman_margin_correct")
+        "accuracy_lowest_variance_decile", "accuracy_highest_variance_decile", "spearman_margin_correct",
+        "tie_mean_abs_p_minus_half")
+
+
+def variant(spec: str) -> dict:
+    """``key=value,key=value`` (train_rm keys) as a dict of YAML-parsed values."""
+    out = {}
+    for item in spec.split(","):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--variant {spec!r}: expected key=value[,key=value...]")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 def throughput(pm: PreferenceModel, bench: list[dict], batch_sizes=(16, 64)) -> dict[int, float]:
@@ -43,6 +57,8 @@ def throughput(pm: PreferenceModel, bench: list[dict], batch_sizes=(16, 64)) -> 
 def run() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--estimators", nargs="*", default=[], help="retrain the PM with these estimators too")
+    ap.add_argument("--variant", action="append", default=[], type=variant,
+                    help="retrain the PM with these train_rm values (key=value,...); repeatable")
     args = ap.parse_args()
     params = load_params()
     stage = json.loads(Path("reports/metrics/train_rm.json").read_text())
@@ -51,21 +67,24 @@ def run() -> None:
     pm = PreferenceModel.from_pretrained("models/rm")
     speed = throughput(pm, bench)
     deciles = json.loads(Path("reports/rm/curves.json").read_text())["deciles"]
-    if args.estimators:
-        pairs = read_jsonl(PAIRS)
+    variants = [{"estimator": e} for e in args.estimators] + args.variant
+    if variants:
+        pairs, ties = read_jsonl(PAIRS), read_jsonl(TIES)
         stage_scores = [json.loads(line) for line in Path("reports/rm/benchmark_scores.jsonl").read_text().splitlines()]
         margins = [s["pointwise_margin"] for s in stage_scores]
-        for estimator in args.estimators:
-            cfg = params.train_rm.model_copy(update={"estimator": estimator})
+        for update in variants:
+            cfg = params.train_rm.model_validate({**params.train_rm.model_dump(), **update})  # validated like params
             with tempfile.TemporaryDirectory() as ckpt:
-                model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS], seed=params.seed)
+                model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS, TIES], seed=params.seed,
+                                               ties=ties)
             g, var = model.score([(p["question"], p["a"], p["b"]) for p in bench], cfg.eval_batch_size)
             metrics, _ = benchmark_report(bench, g, var, cfg.uncertainty_lambda, margins, cfg.uncertainty_score)
-            report[f"retrained {estimator}"] = {k: metrics[k] for k in KEYS}
+            report["retrained " + ",".join(f"{k}={v}" for k, v in update.items())] = {k: metrics[k] for k in KEYS}
     print(f"benchmark: {stage['n_decisive']} decisive pairs, {stage['n_tie']} tie pairs\n")
-    print(f"{'':26}" + "".join(f"{k.replace('accuracy', 'acc').replace('uncertainty', 'u')[:14]:>15}" for k in KEYS))
+    width = max(map(len, report)) + 2
+    print(f"{'':{width}}" + "".join(f"{k.replace('accuracy', 'acc').replace('uncertainty', 'u')[:14]:>15}" for k in KEYS))
     for name, row in report.items():
-        print(f"{name:26}" + "".join(f"{row[k]:15.3f}" for k in KEYS))
+        print(f"{name:{width}}" + "".join(f"{row[k]:15.3f}" if row[k] is not None else f"{'-':>15}" for k in KEYS))
     print("\nPM accuracy by uncertainty decile (1 = most certain):")
     print("  " + "  ".join(f"{d['decile']}:{d['accuracy']:.2f}" for d in deciles))
     print(f"\ntie pairs: mean |p - 0.5| = {stage['tie_mean_abs_p_minus_half']}, mean u on ties "
