@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import mlflow
 import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
@@ -60,6 +61,8 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     pm = PreferenceModel.from_backbone(init_model, cfg)
     ties = tie_sample(pairs, ties, cfg.tie_share, seed)
     rows = both_orders(pairs, seed, ties)
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics({"pm_decisive_pairs": len(pairs), "pm_tie_pairs": len(ties)})
     dataset = Dataset.from_list([{"triple": list(triple), "labels": y} for triple, y in rows])
 
     def collate(batch: list[dict]) -> dict:

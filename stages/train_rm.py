@@ -3,7 +3,8 @@ measured on the held-out preference benchmark.
 
 1. PM (models/rm): the SFT model's transformer + the ``train_rm.estimator`` head (sngp by default), trained
    with the Bradley-Terry loss on data/seppo/pairs.jsonl in both orders, and on ``train_rm.tie_share`` of its rows
-   from data/seppo/tie_pairs.jsonl with target 1/2; for sngp one more pass accumulates the Laplace precision. Loads with ``PreferenceModel.from_pretrained("models/rm")``.
+   from data/seppo/tie_pairs.jsonl with target 1/2; for sngp one more pass accumulates the Laplace precision.
+   Loads with ``PreferenceModel.from_pretrained("models/rm")``.
 2. Pointwise RM (models/rm_pointwise): TRL RewardTrainer on the same pairs, an ordinary
    ``AutoModelForSequenceClassification`` with one label.
 3. Benchmark (data/preference_benchmark/pairs.jsonl): accuracy, ECE raw vs calibrated (g vs g/u), Spearman
@@ -102,11 +103,11 @@ def main() -> None:
         if not pairs:
             raise DataError(f"{PAIRS}: no preference pairs (every reference sample got the same label); "
                             "raise seppo_sample.n_prompts or samples_per_prompt")
-        ties = read_jsonl(TIES) if cfg.tie_share > 0 else []
+        ties = read_jsonl(TIES) if cfg.tie_share > 0 else []  # unread at 0: the paper's decisive-only PM
         bench = read_jsonl(BENCHMARK)
-        mlflow.log_metrics({"n_train_pairs": len(pairs), "n_tie_pairs_available": len(ties),
-                            "n_benchmark_pairs": len(bench)})
-        print(f"train_rm: {len(pairs)} training pairs, {len(bench)} benchmark pairs, estimator {cfg.estimator}")
+        mlflow.log_metrics({"n_train_pairs": len(pairs), "n_benchmark_pairs": len(bench)})
+        print(f"train_rm: {len(pairs)} training pairs, {len(bench)} benchmark pairs, estimator {cfg.estimator}, "
+              f"tie share {cfg.tie_share} (of {len(ties)} tie pairs read)")
 
         # 1. the pairwise PM (+ its uncertainty posterior)
         pm = train_preference_model(SFT, pairs, cfg, CHECKPOINTS / "pm", key_files=[PAIRS, TIES], seed=params.seed,
