@@ -44,14 +44,21 @@ def assign_references(n_prompts: int, samples_per_prompt: int, n_references: int
     return [[rng.randrange(n_references) for _ in range(samples_per_prompt)] for _ in range(n_prompts)]
 
 
-def training_pairs(samples: list[dict], label: str) -> list[dict]:
-    """Chosen/rejected pairs from reference samples; ``label`` is ``verifier`` or ``anchor``."""
-    key = "verifier_wins" if label == "verifier" else "anchor_wins"
+def _groups_by_prompt(samples: list[dict], label: str) -> tuple[str, list[list[dict]]]:
+    """The sample key holding ``label``'s verdict, and the samples grouped by prompt id (first-seen order)."""
+    if label not in ("verifier", "anchor"):
+        raise ValueError(f"label must be 'verifier' or 'anchor', got {label!r}")
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for s in samples:
         by_prompt[s["id"]].append(s)
+    return ("verifier_wins" if label == "verifier" else "anchor_wins"), list(by_prompt.values())
+
+
+def training_pairs(samples: list[dict], label: str) -> list[dict]:
+    """Chosen/rejected pairs from reference samples; ``label`` is ``verifier`` or ``anchor``."""
+    key, groups = _groups_by_prompt(samples, label)
     pairs = []
-    for group in by_prompt.values():
+    for group in groups:
         first = group[0]
         winners = [s for s in group if s[key]]
         losers = [s for s in group if not s[key]]
@@ -73,12 +80,9 @@ def tie_pairs(samples: list[dict], label: str) -> list[dict]:
     Bradley-Terry pairs carry only "one is better", so a PM trained on them alone is taught no neutral answer
     and is confidently one-sided on ties; online RLHF samples mostly such pairs (both right or both wrong).
     """
-    key = "verifier_wins" if label == "verifier" else "anchor_wins"
-    by_prompt: dict[str, list[dict]] = defaultdict(list)
-    for s in samples:
-        by_prompt[s["id"]].append(s)
+    key, groups = _groups_by_prompt(samples, label)
     pairs = []
-    for group in by_prompt.values():
+    for group in groups:
         first = group[0]
         texts = {verdict: list(dict.fromkeys(s["response"] for s in group if bool(s[key]) == verdict
                                               and s["response"].strip()))
