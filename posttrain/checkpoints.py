@@ -38,8 +38,11 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
 
     Checkpoints outlive a successful run: a kill after the stage finished but before DVC recorded its outputs
     (DVC hashes and caches them after the stage exits) then resumes at the end instead of starting over.
-    Directories of other keys under ``root`` are stale, and are removed here."""
+    Directories of other keys under ``root`` are stale, and are removed here, except when a stage run has no DVC
+    hashes to key on (DVC could not hash its deps): that key is a fallback, and the others may be the real one."""
     deps = stage_dep_hashes()
+    run = mlflow.active_run()
+    fell_back = not deps and run is not None and "posttrain.stage" in run.data.tags
     config = cfg if isinstance(cfg, dict) else cfg.model_dump()
     h = hashlib.sha256(json.dumps([seed, config, deps], sort_keys=True).encode())
     for path in [] if deps else key_files:
@@ -47,6 +50,10 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
             if f.is_file():
                 h.update(f.read_bytes())
     key_dir = Path(root) / h.hexdigest()[:16]
+    if fell_back:
+        warnings.warn(f"{root}: no DVC hashes of the stage's deps; keying checkpoints on file bytes ({key_dir.name})"
+                      " and keeping the other keys' checkpoints", stacklevel=2)
+        return key_dir
     for stale in Path(root).iterdir() if Path(root).is_dir() else []:
         if stale != key_dir:
             shutil.rmtree(stale, ignore_errors=True)

@@ -24,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 import mlflow
 from posttrain.params import flatten
@@ -67,24 +68,25 @@ def git_state() -> dict[str, str]:
     return {"git.commit": commit, "git.dirty": str(bool(status)).lower()}
 
 
-def dvc_hashes(stage: str, which: str) -> dict[str, str]:
-    """md5 of each dep or out of ``stage`` as DVC computes it ({} outside a DVC repo)."""
+def dvc_hashes(stage: str, which: str, attempts: int = 3) -> dict[str, str]:
+    """md5 of each dep or out of ``stage`` as DVC computes it ({} outside a DVC repo). A failure (e.g. DVC's
+    state database busy while another DVC process writes it) is retried ``attempts`` times with backoff."""
     try:
         from dvc.dependency.param import ParamsDependency
+        from dvc.exceptions import NotDvcRepoError
         from dvc.repo import Repo
 
-        with Repo(".") as repo:
-            (st,) = repo.stage.collect(stage)
-            items = st.deps if which == "dep" else st.outs
-            out = {}
-            for item in items:
+        for attempt in Retrying(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.5, max=4),
+                                retry=retry_if_not_exception_type(NotDvcRepoError), reraise=True):
+            with attempt, Repo(".") as repo:
+                (st,) = repo.stage.collect(stage)
+                items = st.deps if which == "dep" else st.outs
                 # params are logged as MLflow params; a missing path has no hash yet
-                if not isinstance(item, ParamsDependency) and item.exists:
-                    out[f"dvc.{which}.{item.def_path}"] = item.get_hash().value
-            return out
+                return {f"dvc.{which}.{item.def_path}": item.get_hash().value for item in items
+                        if not isinstance(item, ParamsDependency) and item.exists}
     except Exception as e:  # lineage must never break a stage; say what is missing instead
         log.warning("could not compute DVC %s hashes for stage %s: %s", which, stage, e)
-        return {}
+    return {}
 
 
 def _process_gone(pid: int) -> bool:

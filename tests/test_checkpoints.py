@@ -81,3 +81,45 @@ def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
             assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != first
     finally:
         mlflow.set_tracking_uri(before)
+
+
+def test_a_stage_run_without_dvc_hashes_keeps_the_other_keys_checkpoints(tmp_path):
+    """When DVC cannot hash a stage's deps the key falls back to file bytes; the checkpoints under the DVC key
+    (the killed run's) must survive it."""
+    import mlflow
+
+    from posttrain.checkpoints import claim_checkpoint_dir
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        data, root = tmp_path / "model.bin", tmp_path / "ckpt"
+        data.write_bytes(b"weights")
+        with mlflow.start_run(tags={"posttrain.stage": "warmup", "dvc.dep.models/base": "aaa"}):
+            keyed = claim_checkpoint_dir(root, {"lr": 0.1}, 0, [data])
+            (keyed / "checkpoint-40").mkdir(parents=True)
+        with mlflow.start_run(tags={"posttrain.stage": "warmup"}):  # DVC's hashing failed in this run
+            with pytest.warns(UserWarning, match="no DVC hashes"):
+                fallback = claim_checkpoint_dir(root, {"lr": 0.1}, 0, [data])
+        assert fallback != keyed and (keyed / "checkpoint-40").is_dir()
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+def test_dvc_hashes_retries_a_failing_hash(monkeypatch):
+    from dvc.repo import Repo
+
+    from posttrain.tracking import dvc_hashes
+
+    calls = []
+    real = Repo.__init__
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("database is locked")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Repo, "__init__", flaky)
+    hashes = dvc_hashes("prepare", "dep")
+    assert len(calls) == 2 and "dvc.dep.stages/prepare.py" in hashes
