@@ -10,6 +10,8 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
+
 import random
 from pathlib import Path
 
@@ -94,7 +96,9 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     resume = last_complete_checkpoint(ckpt)
     args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    trainer.train(resume_from_checkpoint=resume)
+    # a run of its own, nested in the stage's: its Trainer args and loss curve would clash with the PM's there
+    with mlflow.start_run(run_name="pointwise_rm", nested=True) if mlflow.active_run() else contextlib.nullcontext():
+        trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out))
     tokenizer.save_pretrained(out)
     return model.eval(), tokenizer  # the checkpoints stay (see claim_checkpoint_dir)

@@ -274,3 +274,31 @@ def test_pair_uncertainty_scores():
     assert torch.allclose(u, torch.sqrt(1 + 10.0 * var))
     with pytest.raises(ValueError, match="unknown uncertainty score"):
         pair_uncertainty(g, var, 10.0, "entropy")
+
+
+def test_the_pointwise_rm_logs_to_a_run_of_its_own(tiny, tmp_path):
+    """Inside the stage's run its Trainer args (max_steps, output_dir) would clash with the PM's, and MLflow
+    refuses to change a logged param; its loss curve would interleave with the PM's."""
+    import mlflow
+
+    from posttrain.params import load_params
+    from posttrain.preference_training import train_pointwise_rm
+
+    cfg = load_params().train_rm.model_copy(update={"pointwise_max_steps": 2, "batch_size": 2, "logging_steps": 1,
+                                                    "max_length": 128, "deepspeed": None})
+    pairs = [{"question": p.question, "chosen": " cot\nAnswer: 1", "rejected": " cot\nAnswer: 2"}
+             for p in tiny.problems[:4]]
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        with mlflow.start_run() as parent:
+            mlflow.log_param("max_steps", 1067)
+            train_pointwise_rm(tiny.path, pairs, cfg, tmp_path / "rm", tmp_path / "ckpt", [], seed=0)
+        client = mlflow.MlflowClient()
+        children = client.search_runs([parent.info.experiment_id],
+                                      f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        assert [c.info.run_name for c in children] == ["pointwise_rm"]
+        assert children[0].data.params["max_steps"] == "2" and "train_loss" in children[0].data.metrics
+        assert client.get_run(parent.info.run_id).data.params["max_steps"] == "1067"
+    finally:
+        mlflow.set_tracking_uri(before)
