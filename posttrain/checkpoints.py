@@ -23,26 +23,23 @@ from pydantic import BaseModel
 from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME
 
-
-def stage_dep_hashes() -> dict[str, str]:
-    """DVC's md5s of the running stage's deps (code, data, upstream models), as ``stage_run`` tagged its MLflow
-    run; {} outside a stage run."""
-    run = mlflow.active_run()
-    return {k: v for k, v in run.data.tags.items() if k.startswith("dvc.dep.")} if run is not None else {}
+from posttrain.tracking import HASHES_MISSING_TAG
 
 
 def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
     """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
     checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's
-    deps (code included; no file is read again); elsewhere the bytes of ``key_files`` (a directory: every file).
+    deps (the ``dvc.dep.*`` tags ``stage_run`` put on the MLflow run; code included, no file is read again);
+    elsewhere the bytes of ``key_files`` (a directory: every file).
 
     Checkpoints outlive a successful run: a kill after the stage finished but before DVC recorded its outputs
     (DVC hashes and caches them after the stage exits) then resumes at the end instead of starting over.
-    Directories of other keys under ``root`` are stale, and are removed here, except when a stage run has no DVC
-    hashes to key on (DVC could not hash its deps): that key is a fallback, and the others may be the real one."""
-    deps = stage_dep_hashes()
+    Directories of other keys under ``root`` are stale, and are removed here, except when the stage run is
+    tagged as having no DVC hashes (DVC could not hash its deps): that key is a fallback, and the others may be
+    the real one."""
     run = mlflow.active_run()
-    fell_back = not deps and run is not None and "posttrain.stage" in run.data.tags
+    tags = run.data.tags if run is not None else {}
+    deps = {k: v for k, v in tags.items() if k.startswith("dvc.dep.")}
     config = cfg if isinstance(cfg, dict) else cfg.model_dump()
     h = hashlib.sha256(json.dumps([seed, config, deps], sort_keys=True).encode())
     for path in [] if deps else key_files:
@@ -50,7 +47,7 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
             if f.is_file():
                 h.update(f.read_bytes())
     key_dir = Path(root) / h.hexdigest()[:16]
-    if fell_back:
+    if tags.get(HASHES_MISSING_TAG) == "true":
         warnings.warn(f"{root}: no DVC hashes of the stage's deps; keying checkpoints on file bytes ({key_dir.name})"
                       " and keeping the other keys' checkpoints", stacklevel=2)
         return key_dir

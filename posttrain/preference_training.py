@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-
 import random
 from pathlib import Path
 

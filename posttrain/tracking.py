@@ -2,7 +2,8 @@
 
 Tags on each run: ``posttrain.stage``, ``git.commit``, ``git.dirty``, and for each DVC dependency and
 output of the stage ``dvc.dep.<path>`` / ``dvc.out.<path>`` = its md5, computed with DVC's own hashing
-(so the values are the ones ``dvc.lock`` records). When ``POSTTRAIN_PARENT_RUN_ID`` is set (the Prefect
+(so the values are the ones ``dvc.lock`` records); ``posttrain.dvc_hashes_missing`` when DVC could not hash
+the deps. When ``POSTTRAIN_PARENT_RUN_ID`` is set (the Prefect
 flow sets it) the run nests under that pipeline run; ``POSTTRAIN_SWEEP`` / ``POSTTRAIN_VARIANT`` (set by
 flows/sweep.py) become the tags ``posttrain.sweep`` / ``posttrain.variant``.
 
@@ -31,6 +32,7 @@ from posttrain.params import flatten
 from posttrain.params_schema import Params
 
 PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
+HASHES_MISSING_TAG = "posttrain.dvc_hashes_missing"  # DVC could not hash the deps: checkpoint keys fall back
 SWEEP_ENV, VARIANT_ENV = "POSTTRAIN_SWEEP", "POSTTRAIN_VARIANT"  # set by flows/sweep.py for each variant
 log = logging.getLogger(__name__)
 
@@ -121,8 +123,11 @@ def stage_run(stage: str, params: Params, sections: list[str]):
     runs of this stage left RUNNING by a killed process are closed as FAILED and linked to this one."""
     experiment_id = configure(params)
     parent = os.environ.get(PARENT_ENV)
+    deps = dvc_hashes(stage, "dep")
     tags = {"posttrain.stage": stage, "posttrain.pid": str(os.getpid()), "posttrain.host": socket.gethostname(),
-            **git_state(), **dvc_hashes(stage, "dep")}
+            **git_state(), **deps}
+    if not deps:  # checkpoint keys fall back to file bytes and must not delete the DVC-keyed checkpoints
+        tags[HASHES_MISSING_TAG] = "true"
     interrupted = close_interrupted_runs(experiment_id, stage)
     if interrupted:
         tags["posttrain.resumed_from_run"] = interrupted[0]

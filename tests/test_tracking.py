@@ -54,4 +54,6 @@ def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path,
     assert killed.info.status == "FAILED" and killed.data.tags["posttrain.interrupted"] == "true"
     assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == killed_id
     assert client.get_run(resumed_id).info.status == "FINISHED"
+    # tmp_path is no DVC repo: the run says its deps went unhashed, so checkpoint keys keep other keys' dirs
+    assert client.get_run(resumed_id).data.tags["posttrain.dvc_hashes_missing"] == "true"
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"
