@@ -3,9 +3,9 @@
 Tags on each run: ``posttrain.stage``, ``git.commit``, ``git.dirty``, and for each DVC dependency and
 output of the stage ``dvc.dep.<path>`` / ``dvc.out.<path>`` = its md5, computed with DVC's own hashing
 (so the values are the ones ``dvc.lock`` records); ``posttrain.dvc_hashes_missing`` when DVC could not hash
-the deps. When ``POSTTRAIN_PARENT_RUN_ID`` is set (the Prefect
-flow sets it) the run nests under that pipeline run; ``POSTTRAIN_SWEEP`` / ``POSTTRAIN_VARIANT`` (set by
-flows/sweep.py) become the tags ``posttrain.sweep`` / ``posttrain.variant``.
+the deps. When ``POSTTRAIN_PARENT_RUN_ID`` is set (the Prefect flow sets it) the run nests under that pipeline
+run; ``POSTTRAIN_SWEEP`` / ``POSTTRAIN_VARIANT`` (set by flows/sweep.py) become the tags ``posttrain.sweep`` /
+``posttrain.variant``.
 
 A SIGKILLed stage cannot end its run, which MLflow then shows as RUNNING for ever. Each run records the
 process (``posttrain.pid``, ``posttrain.host``); the next run of the same stage marks runs whose process is
