@@ -23,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
+import torch  # noqa: E402
 
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
@@ -96,6 +97,9 @@ def run() -> None:
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: rlhf.max_steps)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for this process (default: one per core); running two benches side by "
+                         "side, give each 1: two runs of 2 threads on 2 cores spin-wait on each other, 4-5x slower")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="no training: join these results files (e.g. routings run in parallel) into --out, "
                          "plot, print")
@@ -105,6 +109,8 @@ def run() -> None:
         summarize(sft, runs)
         plot(sft, runs, args.out.with_suffix(".png"))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     params = load_params()
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
     pm = PreferenceModel.from_pretrained(PM_DIR)

@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
+import torch  # noqa: E402
 
 from posttrain.params import load_params  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
@@ -52,6 +53,12 @@ def mean_curve(runs: list[dict]) -> list[dict]:
     """The seed mean of runs evaluated on one step grid: mean cumulative responses and tokens, mean accuracy."""
     return [{k: statistics.fmean(p[k] for p in points) for k in ("responses", "tokens", "test_accuracy")}
             for points in zip(*(r["curve"] for r in runs))]
+
+
+def baseline_target(runs: list[dict]) -> tuple[float, float]:
+    """What ar3po is measured against: the baseline runs' mean final accuracy and mean responses generated."""
+    return (statistics.mean(r["final_test"]["accuracy"] for r in runs),
+            statistics.mean(r["totals"]["responses"] for r in runs))
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -138,8 +145,7 @@ def summarize(sft: dict, runs: list[dict]) -> None:
             # the baseline run of the same seed, else the mean over the seeds it was run with
             rs = [r for r in runs if variant(r) == name and r["seed"] == mine["seed"]] or \
                  [r for r in runs if variant(r) == name]
-            target = statistics.mean(r["final_test"]["accuracy"] for r in rs)
-            cost = statistics.mean(r["totals"]["responses"] for r in rs)
+            target, cost = baseline_target(rs)
             got = reach(mine["curve"], target, "responses")
             verdict = (" (not reached)" if got is None else " (the SFT policy already had it)" if got == 0
                        else f" -> {cost / got:.1f}x fewer")
@@ -150,8 +156,7 @@ def summarize(sft: dict, runs: list[dict]) -> None:
         curve = mean_curve([r for r in runs if variant(r) == mine])
         for name in baselines:
             rs = [r for r in runs if variant(r) == name]
-            target = statistics.mean(r["final_test"]["accuracy"] for r in rs)
-            cost = statistics.mean(r["totals"]["responses"] for r in rs)
+            target, cost = baseline_target(rs)
             got = reach(curve, target, "responses")
             verdict = " (not reached)" if got is None else f" -> {cost / max(got, 1):.1f}x fewer"
             print(f"seed mean: {mine} reaches {name}'s mean final accuracy {target:.3f} at "
@@ -175,6 +180,9 @@ def run() -> None:
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for this process (default: one per core); running two benches side by "
+                         "side, give each 1: two runs of 2 threads on 2 cores spin-wait on each other, 4-5x slower")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="no training: join these results files (e.g. runs of other seeds) into --out, plot, print")
     args = ap.parse_args()
@@ -183,6 +191,8 @@ def run() -> None:
         plot(runs, args.out.with_suffix(".png"))
         summarize(sft, runs)
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     params = load_params()
     overrides = {k: v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
                                    ("k", args.k), ("stages", args.stages)) if v is not None}
