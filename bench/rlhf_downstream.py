@@ -38,6 +38,13 @@ from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
 
 OUT = Path("reports/bench/rlhf_downstream.json")
 ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")
+BUDGETED = ("uncertainty_budget", "random")
+
+
+def variant(run: dict) -> str:
+    """What a run compares as: its routing policy, with the budget for the budgeted ones (files written before
+    the budget was recorded ran at 0.1, the params default then)."""
+    return run["routing"] + (f" {run.get('budget', 0.1):g}" if run["routing"] in BUDGETED else "")
 
 
 def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
@@ -51,7 +58,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params, str(workdir / "policy"),
                                  workdir / "checkpoints", key_files=[Path(PM_DIR)], seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
-    return {"routing": routing, "seed": seed, "test_accuracy": test["accuracy"],
+    return {"routing": routing, "budget": cfg.budget, "seed": seed, "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
             "identical_pair_share": reward.totals["identical_pairs"] / max(reward.totals["pairs"], 1),
@@ -61,11 +68,11 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
 
 def summarize(sft: dict, runs: list[dict]) -> None:
     print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
-    print(f"{'routing':20}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
-    for routing in dict.fromkeys(r["routing"] for r in runs):
-        rs = [r for r in runs if r["routing"] == routing]
+    print(f"{'routing':24}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
+    for name in dict.fromkeys(map(variant, runs)):
+        rs = [r for r in runs if variant(r) == name]
         accs = [r["test_accuracy"] for r in rs]
-        print(f"{routing:20}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
+        print(f"{name:24}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
               f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
               f"{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
               f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
@@ -75,12 +82,12 @@ def plot(sft: dict, runs: list[dict], out: Path) -> None:
     """Test accuracy against judge cost, one marker per run, the routing policy's mean as a larger one."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ax.axhline(sft["accuracy"], color="grey", ls="--", lw=1, label="SFT policy")
-    for k, routing in enumerate(dict.fromkeys(r["routing"] for r in runs)):
-        rs = [r for r in runs if r["routing"] == routing]
+    for k, name in enumerate(dict.fromkeys(map(variant, runs))):
+        rs = [r for r in runs if variant(r) == name]
         cost, acc = [r["judge_cost"] for r in rs], [r["test_accuracy"] for r in rs]
         ax.scatter(cost, acc, color=f"C{k}", alpha=0.45, s=22)
         ax.scatter([statistics.mean(cost)], [statistics.mean(acc)], color=f"C{k}", s=90, edgecolor="black",
-                   label=f"{routing} (mean of {len(rs)})")
+                   label=f"{name} (mean of {len(rs)})")
     ax.set_xlabel("judge cost per run (USD)")
     ax.set_ylabel("test accuracy after rlhf_routed")
     ax.set_title("Routed RLHF: accuracy vs judge cost")
@@ -95,6 +102,8 @@ def run() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="training seeds per routing policy")
     ap.add_argument("--routings", nargs="+", default=list(ROUTINGS), choices=ROUTINGS)
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: rlhf.max_steps)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="share of each step's pairs judged by the budgeted policies (default: rlhf.budget)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,
@@ -112,6 +121,8 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     params = load_params()
+    if args.budget is not None:
+        params = params.model_copy(update={"rlhf": params.rlhf.model_copy(update={"budget": args.budget})})
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
     pm = PreferenceModel.from_pretrained(PM_DIR)
     results = []
