@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
-from posttrain.params import load_params  # noqa: E402
+from posttrain.params import ParamsError, with_overrides  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy  # noqa: E402
@@ -120,9 +120,10 @@ def run() -> None:
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    params = load_params()
-    if args.budget is not None:
-        params = params.model_copy(update={"rlhf": params.rlhf.model_copy(update={"budget": args.budget})})
+    try:  # validated as params.yaml is: --budget 10 (meant as percent) stops here, naming rlhf.budget
+        params = with_overrides("params.yaml", {} if args.budget is None else {"rlhf.budget": args.budget}, out=None)
+    except ParamsError as e:
+        ap.error(str(e))
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
     pm = PreferenceModel.from_pretrained(PM_DIR)
     results = []

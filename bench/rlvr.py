@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import torch  # noqa: E402
 
-from posttrain.params import load_params  # noqa: E402
+from posttrain.params import ParamsError, with_overrides  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from results_files import join_results  # noqa: E402
@@ -193,10 +193,12 @@ def run() -> None:
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    params = load_params()
-    overrides = {k: v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
-                                   ("k", args.k), ("stages", args.stages)) if v is not None}
-    params = params.model_copy(update={"rlvr": params.rlvr.model_copy(update=overrides)})
+    overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
+                                             ("k", args.k), ("stages", args.stages)) if v is not None}
+    try:  # validated as params.yaml is (--k 0 stops here, naming rlvr.k)
+        params = with_overrides("params.yaml", overrides, out=None)
+    except ParamsError as e:
+        ap.error(str(e))
     steps = args.steps or params.rlvr.max_steps
     train, test = read_jsonl(DATA / "train.jsonl")[:params.rlvr.n_prompts], read_jsonl(DATA / "test.jsonl")
     runs = []

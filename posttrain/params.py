@@ -82,9 +82,11 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return parse_params(raw, str(path))
 
 
-def with_overrides(base: str | Path, overrides: dict[str, object] | None, out: str | Path = "params.yaml") -> Params:
+def with_overrides(base: str | Path, overrides: dict[str, object] | None,
+                   out: str | Path | None = "params.yaml") -> Params:
     """Write ``base`` (a params file) with dotted ``overrides`` (``{"rlhf.budget": 0.2}``) applied to ``out``,
     after validating the result; as ``dvc exp run --set-param`` does, the workspace's params.yaml changes.
+    ``out=None`` only validates and returns them (a bench's command-line overrides).
 
     A key that names no existing parameter is an error naming it (a typo must not start a long run)."""
     raw = yaml.safe_load(Path(base).read_text(encoding="utf-8"))
@@ -99,6 +101,8 @@ def with_overrides(base: str | Path, overrides: dict[str, object] | None, out: s
             raise ParamsError(f"override {dotted!r}: no parameter {leaf!r} in {base}")
         node[leaf] = value
     params = parse_params(raw, f"{base} with overrides {sorted(overrides or {})}")
+    if out is None:
+        return params
     tmp = Path(out).with_suffix(".yaml.tmp")
     tmp.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     tmp.replace(out)

@@ -98,3 +98,13 @@ def test_overrides_are_validated_and_written(tmp_path):
     with pytest.raises(ParamsError, match="budget"):
         with_overrides(ROOT / "configs/params.smoke.yaml", {"rlhf.budget": "lots"}, out)
     assert load_params(out).rlhf.budget == 0.2  # a bad override leaves the file as it was
+
+
+def test_overrides_without_out_validate_and_write_nothing(tmp_path, monkeypatch):
+    base = ROOT / "configs/params.smoke.yaml"
+    before = base.read_text()
+    monkeypatch.chdir(tmp_path)  # where the default out, params.yaml, would land
+    assert with_overrides(base, {"rlhf.budget": 0.064}, out=None).rlhf.budget == 0.064
+    with pytest.raises(ParamsError, match="rlhf.budget: got 10"):
+        with_overrides(base, {"rlhf.budget": 10}, out=None)
+    assert base.read_text() == before and not list(tmp_path.iterdir())
