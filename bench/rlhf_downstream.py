@@ -42,9 +42,13 @@ BUDGETED = ("uncertainty_budget", "random")
 
 
 def variant(run: dict) -> str:
-    """What a run compares as: its routing policy, with the budget for the budgeted ones (files written before
-    the budget was recorded ran at 0.1, the params default then)."""
-    return run["routing"] + (f" {run.get('budget', 0.1):g}" if run["routing"] in BUDGETED else "")
+    """What a run compares as: its routing policy, with the budget for the budgeted ones. Files written before
+    the budget was recorded ran at 0.1, the params default then; before ``budget_of`` was recorded a budget was
+    a share of all the step's pairs, identical ones included (now of the others: a share of judge_only's cost)."""
+    if run["routing"] not in BUDGETED:
+        return run["routing"]
+    of_all = "" if run.get("budget_of") == "eligible" else " (all pairs)"
+    return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}"
 
 
 def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
@@ -58,7 +62,8 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params, str(workdir / "policy"),
                                  workdir / "checkpoints", key_files=[Path(PM_DIR)], seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
-    return {"routing": routing, "budget": cfg.budget, "seed": seed, "test_accuracy": test["accuracy"],
+    return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "seed": seed,
+            "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
             "identical_pair_share": reward.totals["identical_pairs"] / max(reward.totals["pairs"], 1),
@@ -68,11 +73,11 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
 
 def summarize(sft: dict, runs: list[dict]) -> None:
     print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
-    print(f"{'routing':24}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
+    print(f"{'routing':36}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
     for name in dict.fromkeys(map(variant, runs)):
         rs = [r for r in runs if variant(r) == name]
         accs = [r["test_accuracy"] for r in rs]
-        print(f"{name:24}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
+        print(f"{name:36}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
               f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
               f"{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
               f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
@@ -103,7 +108,8 @@ def run() -> None:
     ap.add_argument("--routings", nargs="+", default=list(ROUTINGS), choices=ROUTINGS)
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: rlhf.max_steps)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="share of each step's pairs judged by the budgeted policies (default: rlhf.budget)")
+                    help="share of each step's non-identical pairs judged by the budgeted policies (default: "
+                         "rlhf.budget)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,

@@ -247,7 +247,8 @@ class RlhfParams(OnlinePolicyParams):
         description="which pairs the judge decides")
     threshold: float = Field(ge=0, description="uncertainty: route pairs whose uncertainty (train_rm.uncertainty_score) "
                                                "is above this")
-    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each step's pairs judged")
+    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each step's "
+                                                   "non-identical pairs judged (a share of judge_only's cost)")
     uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
     advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
     n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")

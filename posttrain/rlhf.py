@@ -74,10 +74,11 @@ class RoutedPairwiseReward:
         # 1. every group's pairs scored by the PM
         scored = [self.score_group(question[idx[0]], resp) for idx, resp in zip(groups, responses)]
         # 2. routing over the whole step's pairs, so a budget is budget x the step's pairs (per prompt, 10% of
-        #    6 pairs would round to 1 in 6) and the judge goes to the most uncertain pairs wherever they are
+        #    6 pairs would round to 1 in 6) and the judge goes to the most uncertain pairs wherever they are.
         #    A pair of identical responses is a tie by construction: its antisymmetrised PM logit is 0, which the
         #    predictive score ranks as the most uncertain of all, and a low-entropy policy samples many such pairs.
-        #    Routed, they would take the whole budget and the judge would only confirm the tie, so they never go.
+        #    Routed, they would take the whole budget and the judge would only confirm the tie, so they never go,
+        #    and the budget counts only the others: 10% is a tenth of what judge_only pays.
         index = [(g, i, j) for g, (_, u) in enumerate(scored) for i, j in upper_pairs(len(u))]
         u_flat = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
         distinct = [responses[g][i].strip() != responses[g][j].strip() for g, i, j in index]

@@ -6,8 +6,8 @@ Per prompt with n responses:
    (or max) of both orders' uncertainties;
 2. ``route_batch`` picks, among all the unordered pairs (i < j) of a batch (an RLHF step's prompts, or a
    benchmark), the ones the judge decides, by policy: ``uncertainty`` (u above a threshold),
-   ``uncertainty_budget`` (the k most uncertain, k = round(budget x pairs)), ``random`` (k pairs uniformly),
-   ``rm_only`` (none), ``judge_only`` (all);
+   ``uncertainty_budget`` (the k most uncertain, k = round(budget x eligible pairs)), ``random`` (k pairs
+   uniformly), ``rm_only`` (none), ``judge_only`` (all eligible);
 3. ``apply_verdicts``: A better -> s_ij = +2, B better -> -2, tie -> 0, and s_ji = -s_ij;
 4. ``pairwise_advantages``: A_i = scale / (n - 1) * sum_{j != i} s_ij.
 
@@ -50,8 +50,10 @@ def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float
     """The pairs to send to the judge among many (an RLHF step's, a benchmark's): u is a vector of their
     uncertainties, the result a sorted list of indices into it.
 
-    Budget policies pick k = budget x len(u) pairs in total; ``uncertainty`` uses the threshold. Only pairs marked
-    ``eligible`` (default: all) are ever picked, so k is at most their number.
+    Only pairs marked ``eligible`` (default: all) are ever picked. Budget policies pick k = budget x the eligible
+    pairs, so a budget is a share of what ``judge_only`` would pay: 10% costs a tenth of judging everything,
+    however many pairs are ineligible (identical responses in RLHF, 36-42% of a step's). ``uncertainty`` uses the
+    threshold.
     """
     pool = [i for i in range(len(u)) if eligible is None or eligible[i]]
     if policy == "rm_only":
@@ -60,7 +62,7 @@ def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float
         return pool
     if policy == "uncertainty":
         return [i for i in pool if u[i] > threshold]
-    k = min(budget_count(len(u), budget), len(pool))
+    k = budget_count(len(pool), budget)
     if policy == "uncertainty_budget":
         return sorted(sorted(pool, key=lambda i: -float(u[i]))[:k])
     if policy == "random":

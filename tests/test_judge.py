@@ -127,7 +127,11 @@ def test_budget_routing_is_exact_and_random_matches_the_count():
     assert all(u[i] > 0.5 for i in route_batch(u, "uncertainty", 0.5, 0, random.Random(0)))
     eligible = [i % 3 != 0 for i in range(15)]
     assert all(eligible[i] for i in route_batch(u, "uncertainty_budget", 0, 0.4, random.Random(0), eligible))
-    assert len(route_batch(u, "random", 0, 1.0, random.Random(0), eligible)) == sum(eligible)  # k capped by the pool
+    assert len(route_batch(u, "random", 0, 1.0, random.Random(0), eligible)) == sum(eligible)
+    # a budget is a share of the eligible pairs, i.e. of what judge_only pays: 40% of 10 eligible is 4, not 6
+    assert len(route_batch(u, "judge_only", 0, 0, random.Random(0), eligible)) == 10
+    for policy in ("uncertainty_budget", "random"):
+        assert len(route_batch(u, policy, 0, 0.4, random.Random(0), eligible)) == 4
     flat = torch.rand(200)
     assert len(route_batch(flat, "uncertainty_budget", 0, 0.1, random.Random(0))) == 20
     assert len(route_batch(flat, "random", 0, 0.1, random.Random(0))) == 20
