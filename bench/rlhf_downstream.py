@@ -51,6 +51,14 @@ def variant(run: dict) -> str:
     return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}"
 
 
+def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
+    """Runs grouped by ``variant``, in the order each variant first appears."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(variant(r), []).append(r)
+    return groups
+
+
 def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
     """Train with one routing policy and seed; test accuracy and judge cost."""
     cfg = params.rlhf.model_copy(update={"routing": routing, "max_steps": steps})
@@ -74,8 +82,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
 def summarize(sft: dict, runs: list[dict]) -> None:
     print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
     print(f"{'routing':36}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
-    for name in dict.fromkeys(map(variant, runs)):
-        rs = [r for r in runs if variant(r) == name]
+    for name, rs in by_variant(runs).items():
         accs = [r["test_accuracy"] for r in rs]
         print(f"{name:36}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
               f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
@@ -87,8 +94,7 @@ def plot(sft: dict, runs: list[dict], out: Path) -> None:
     """Test accuracy against judge cost, one marker per run, the routing policy's mean as a larger one."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ax.axhline(sft["accuracy"], color="grey", ls="--", lw=1, label="SFT policy")
-    for k, name in enumerate(dict.fromkeys(map(variant, runs))):
-        rs = [r for r in runs if variant(r) == name]
+    for k, (name, rs) in enumerate(by_variant(runs).items()):
         cost, acc = [r["judge_cost"] for r in rs], [r["test_accuracy"] for r in rs]
         ax.scatter(cost, acc, color=f"C{k}", alpha=0.45, s=22)
         ax.scatter([statistics.mean(cost)], [statistics.mean(acc)], color=f"C{k}", s=90, edgecolor="black",
