@@ -73,9 +73,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
-            "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
-            "identical_pair_share": reward.totals["identical_pairs"] / max(reward.totals["pairs"], 1),
-            "judge_calls": ledger.calls, "judge_cost": ledger.cost, "judge_failures": reward.totals["judge_failures"],
+            **reward.summary(), "judge_calls": ledger.calls, "judge_cost": ledger.cost,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -153,7 +151,9 @@ def run() -> None:
                                         "judge_cost": r["judge_cost"], "routed_fraction": r["routed_fraction"]})
                 results.append(r)
                 print(f"{routing} seed {seed}: test accuracy {r['test_accuracy']:.3f}, judge {r['judge_calls']} calls "
-                      f"${r['judge_cost']:.4f}, routed {r['routed_fraction']:.3f} ({r['seconds']} s)")
+                      f"${r['judge_cost']:.4f}, routed {r['routed_fraction']:.3f}, of the verdicts "
+                      f"{r['judge_overrule_share']:.3f} overruled the PM and {r['judge_tie_share']:.3f} were ties "
+                      f"({r['seconds']} s)")
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 # partial results survive a crash
                 args.out.write_text(json.dumps({"sft": sft, "runs": results}, indent=1))

@@ -8,7 +8,8 @@ function. For a step's batch of prompt groups it:
 2. routes pairs to the judge by the configured policy (uncertainty threshold or budget, random, rm_only,
    judge_only) over all the step's pairs at once (a budget is budget x the step's pairs; pairs of identical
    responses, ties by construction, are never sent), and overwrites their s_ij by the verdict (+2 / -2 / 0);
-   a failed judge call keeps the PM's;
+   a failed judge call keeps the PM's; per step MLflow gets the share of verdicts that were ties and that
+   overruled the PM (chose the response it scored lower): what the judge's calls changed;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
 
 Because sum_i A_i = 0 within a group, GRPO's group-mean baseline leaves A_i unchanged; with
@@ -88,17 +89,23 @@ class RoutedPairwiseReward:
         verdicts = self.judge.judge([(question[groups[g][0]], responses[g][i], responses[g][j])
                                      for g, i, j in routed]) if routed else []
         judged: dict[int, dict] = defaultdict(dict)
+        ties = overruled = 0  # what the calls bought: a tie, or the side the PM scored lower
         for (g, i, j), v in zip(routed, verdicts):
             if v is not None:
                 judged[g][(i, j)] = v
+                pm_side = float(scored[g][0][i, j])
+                ties += v == "tie"
+                overruled += (v == "A" and pm_side < 0) or (v == "B" and pm_side > 0)
         # 4. A_i = scale / (n - 1) * sum_j s_ij per group, as each response's reward
         rewards = [0.0] * len(completions)
         for g, (idx, (s, _)) in enumerate(zip(groups, scored)):
             adv = pairwise_advantages(apply_verdicts(s, judged[g]), self.cfg.advantage_scale)
             for k, a in zip(idx, adv.tolist()):
                 rewards[k] = a
+        verdict_count = sum(len(v) for v in judged.values())
         step = {"pairs": len(index), "routed": len(routed), "identical_pairs": len(index) - sum(distinct),
-                "judge_failures": len(routed) - sum(len(v) for v in judged.values())}
+                "judge_failures": len(routed) - verdict_count, "judge_verdicts": verdict_count,
+                "judge_ties": ties, "judge_overruled": overruled}
         for key, v in step.items():
             self.totals[key] += v
         if log_metric is not None:
@@ -106,9 +113,21 @@ class RoutedPairwiseReward:
             log_metric("routing/routed_fraction", step["routed"] / max(step["pairs"], 1))
             log_metric("routing/judge_failures", step["judge_failures"])
             log_metric("routing/identical_share", step["identical_pairs"] / max(step["pairs"], 1))
+            if verdict_count:
+                log_metric("routing/judge_tie_share", ties / verdict_count)
+                log_metric("routing/judge_overrule_share", overruled / verdict_count)
             for key in ("judge/calls", "judge/cost", "judge/cache_hits", "judge/failures"):
                 log_metric(f"{key}_total", ledger[key])
         return rewards
+
+    def summary(self) -> dict[str, float]:
+        """The run's routing so far: shares of all pairs routed and identical, failed calls, and of the verdicts
+        the share that were ties and that overruled the PM."""
+        t, verdicts = self.totals, max(self.totals["judge_verdicts"], 1)
+        return {"routed_fraction": t["routed"] / max(t["pairs"], 1),
+                "identical_pair_share": t["identical_pairs"] / max(t["pairs"], 1),
+                "judge_failures": t["judge_failures"], "judge_tie_share": t["judge_ties"] / verdicts,
+                "judge_overrule_share": t["judge_overruled"] / verdicts}
 
 
 class RoutingStateCallback(TrainerCallback):

@@ -79,10 +79,8 @@ def main() -> None:
         # 3. test accuracy before and after, and what the judge cost
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
-        metrics = {"routing": summary, "sft_test": before, "rlhf_test": after,
-                   "routed_fraction": reward.totals["routed"] / max(reward.totals["pairs"], 1),
-                   "identical_pair_share": reward.totals["identical_pairs"] / max(reward.totals["pairs"], 1),
-                   "judge_failures": reward.totals["judge_failures"], "dev_accuracy": dev_cb.history,
+        metrics = {"routing": summary, "sft_test": before, "rlhf_test": after, **reward.summary(),
+                   "dev_accuracy": dev_cb.history,
                    **{k.replace("judge.", "judge_"): v for k, v in ledger.as_metrics().items()}}
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({"sft_test_accuracy": before["accuracy"], "rlhf_test_accuracy": after["accuracy"],
@@ -90,7 +88,8 @@ def main() -> None:
         print(f"rlhf_routed: test accuracy {before['accuracy']:.3f} (sft) -> {after['accuracy']:.3f} (rlhf, "
               f"{cfg.routing}); judge {ledger.calls} calls, ${ledger.cost:.4f}, "
               f"routed {metrics['routed_fraction']:.3f} of pairs ({metrics['identical_pair_share']:.3f} were "
-              "pairs of identical responses, never routed)")
+              f"pairs of identical responses, never routed); the judge overruled the PM on "
+              f"{metrics['judge_overrule_share']:.3f} of its verdicts, {metrics['judge_tie_share']:.3f} were ties")
 
 
 if __name__ == "__main__":

@@ -217,6 +217,35 @@ def test_routed_reward_spends_the_budget_on_the_steps_most_uncertain_pairs():
     assert rewards[4] - rm_only[4] == pytest.approx(shift) and rewards[7] - rm_only[7] == pytest.approx(-shift)
 
 
+class VerifierLikeJudge(StubJudge):
+    """The verifier's rule: a tie unless exactly one response is right."""
+
+    def judge(self, triples):
+        self.asked += triples
+        return ["tie" if a.endswith("right") == b.endswith("right") else "A" if a.endswith("right") else "B"
+                for _, a, b in triples]
+
+
+def test_the_run_counts_the_verdicts_that_were_ties_and_that_overruled_the_pm():
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "judge_only"})
+    # the PM prefers the longer response: lengths 8, 12, 4, 9; judged: (0,1) A over the PM's -4, (0,2) A,
+    # (0,3) tie, (1,2) tie, (1,3) B over the PM's +3, (2,3) B -> 2 ties and 2 overrules of 6 verdicts
+    responses = ["aa right", "a" * 12, "aaaa", "aaa right"]
+    reward, metrics = RoutedPairwiseReward(StubPM(), VerifierLikeJudge(), cfg, seed=0), {}
+    reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4,
+           log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert metrics["routing/judge_tie_share"] == pytest.approx(2 / 6)
+    assert metrics["routing/judge_overrule_share"] == pytest.approx(2 / 6)
+    reward(prompts=["p"] * 4, completions=responses[:2] + ["aaaa right", "aaa"], question=["q"] * 4)
+    # second step: (0,1) A overrules, (0,2) tie, (0,3) A, (1,2) B overrules, (1,3) tie, (2,3) A -> 4 of 12 each
+    summary = reward.summary()
+    assert summary["judge_tie_share"] == pytest.approx(4 / 12)
+    assert summary["judge_overrule_share"] == pytest.approx(4 / 12)
+    assert summary["routed_fraction"] == 1.0 and summary["judge_failures"] == 0
+
+
 def test_pairs_of_identical_responses_never_reach_the_judge():
     """Identical responses tie by construction; the PM gives them s = 0, the most uncertain score of all, so without
     the rule they would take the whole budget. Budget, threshold, random and judge_only all leave them out."""

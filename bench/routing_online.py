@@ -1,0 +1,208 @@
+"""Routing on the policy's own samples: how much of the judge's training signal each routing policy keeps.
+
+The routing curve of `rlhf_routed` (reports/routing/) is measured on the preference benchmark's decisive pairs.
+Online, the PM and the judge see the SFT policy's samples instead, and many of their distinct pairs are ties
+(both right, or both wrong). This bench samples `rlhf.n_responses` responses per training prompt from the SFT
+policy, checks each with the verifier, and replays every routing policy at every budget on the same PM scores
+and judge verdicts (asked once, then served by the judge cache), step by step as `rlhf_routed` routes
+(`rlhf.prompts_per_step` prompts per step, `posttrain.rlhf.RoutedPairwiseReward` itself). Per policy and budget:
+
+- separation: mean advantage A_i of the right responses minus that of the wrong ones, over the prompts whose
+  samples hold both (the signal that moves the policy towards right answers), and the share of the
+  rm_only -> judge_only gap in separation that the policy closes;
+- correlation of its advantages with judge_only's, over all responses;
+- of the verdicts it buys: the share that overruled the PM (chose the response the PM scored lower) and the
+  share that were ties (which leave the PM's near-zero score about where it was).
+
+    python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1]
+
+Run after `dvc repro` (needs models/sft, models/rm). Prints a table, writes reports/bench/routing_online.json and
+the plot beside it (.png), logs to MLflow; nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import torch  # noqa: E402
+
+from posttrain.evaluation import OWN_CHOICE, score_responses  # noqa: E402
+from posttrain.generation import open_generator  # noqa: E402
+from posttrain.jsonl import read_jsonl  # noqa: E402
+from posttrain.judge_client import JudgeCache, JudgeClient  # noqa: E402
+from posttrain.judge_server import judge_endpoint  # noqa: E402
+from posttrain.params import load_params  # noqa: E402
+from posttrain.preference_model import PreferenceModel  # noqa: E402
+from posttrain.rlhf import RoutedPairwiseReward  # noqa: E402
+from posttrain.routing import upper_pairs  # noqa: E402
+from posttrain.sandbox import sandbox_limits  # noqa: E402
+from posttrain.tracking import bench_run  # noqa: E402
+from posttrain.trajectories import prompt as open_prompt  # noqa: E402
+from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
+
+OUT = Path("reports/bench/routing_online.json")
+
+
+class ScoredOnce:
+    """The PM with its pair scores remembered, so every replay sees the same scores and pays for them once."""
+
+    def __init__(self, pm: PreferenceModel):
+        self.pm, self.memo = pm, {}
+
+    def score(self, triples, batch_size=64):
+        todo = [t for t in dict.fromkeys(triples) if t not in self.memo]
+        if todo:
+            g, var = self.pm.score(todo, batch_size)
+            self.memo.update(zip(todo, zip(g.tolist(), var.tolist())))
+        g, var = zip(*(self.memo[t] for t in triples))
+        return torch.tensor(g), torch.tensor(var)
+
+    def uncertainty(self, g, var):
+        return self.pm.uncertainty(g, var)
+
+
+def sample_groups(params, records: list[dict], seed: int) -> tuple[list[list[str]], list[list[bool]]]:
+    """``rlhf.n_responses`` samples per record from the SFT policy at ``rlhf.temperature`` (as rlhf_routed's GRPO
+    draws them), and whether the verifier finds each one right."""
+    cfg = params.rlhf
+    gen = open_generator(POLICY, params.generation, batch_size=64, max_new_tokens=cfg.max_new_tokens, seed=seed)
+    repeated = [r for r in records for _ in range(cfg.n_responses)]
+    texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in repeated], cfg.temperature, seed,
+                                          desc="policy samples")]
+    rows = score_responses(repeated, [OWN_CHOICE] * len(texts), texts, sandbox_limits(params.sandbox),
+                           params.sandbox.workers)
+    n = cfg.n_responses
+    return ([texts[k:k + n] for k in range(0, len(texts), n)],
+            [[row["correct"] for row in rows[k:k + n]] for k in range(0, len(rows), n)])
+
+
+def replay(reward: RoutedPairwiseReward, questions: list[str], groups: list[list[str]], per_step: int) -> list[list[float]]:
+    """The advantages ``reward`` gives every group, fed to it ``per_step`` prompts at a time as GRPO does."""
+    out = []
+    for start in range(0, len(groups), per_step):
+        chunk = range(start, min(start + per_step, len(groups)))
+        keys = [str(k) for k in chunk for _ in groups[k]]
+        rewards = reward(prompts=keys, completions=[t for k in chunk for t in groups[k]],
+                         question=[questions[k] for k in chunk for _ in groups[k]])
+        sizes = [len(groups[k]) for k in chunk]
+        out += [rewards[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
+    return out
+
+
+def separation(advantages: list[list[float]], correct: list[list[bool]]) -> float:
+    """Mean over mixed groups of (mean A of the right responses - mean A of the wrong ones)."""
+    gaps = [statistics.mean(a for a, c in zip(adv, ok) if c) - statistics.mean(a for a, c in zip(adv, ok) if not c)
+            for adv, ok in zip(advantages, correct) if any(ok) and not all(ok)]
+    return statistics.mean(gaps) if gaps else 0.0
+
+
+def correlation(a: list[list[float]], b: list[list[float]]) -> float:
+    x, y = torch.tensor([v for g in a for v in g]), torch.tensor([v for g in b for v in g])
+    return float(torch.corrcoef(torch.stack([x, y]))[0, 1]) if x.std() > 0 and y.std() > 0 else 0.0
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    """Separation gap closed and overrule share against budget, uncertainty vs random (mean and sd over seeds)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "gap_closed", "share of the rm_only -> judge_only separation gap closed"),
+                           (axes[1], "judge_overrule_share", "share of verdicts that overruled the PM")):
+        for k, policy in enumerate(("uncertainty_budget", "random")):
+            budgets = sorted({r["budget"] for r in rows if r["policy"] == policy})
+            vals = [[r[key] for r in rows if r["policy"] == policy and r["budget"] == b] for b in budgets]
+            ax.errorbar([100 * b for b in budgets], [statistics.mean(v) for v in vals],
+                        yerr=[statistics.pstdev(v) for v in vals], marker="o", capsize=3, color=f"C{k}", label=policy)
+        ax.set_xlabel("judge budget (% of judgeable pairs)")
+        ax.set_ylabel(label, fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle("Routing on the SFT policy's own samples")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def run() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=400, help="training prompts sampled (a seeded draw)")
+    ap.add_argument("--budgets", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.4])
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of random routing per budget")
+    ap.add_argument("--sample-seed", type=int, default=0, help="seed of the prompt draw and the policy's sampling")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    params = load_params()
+    cfg = params.rlhf
+    splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    records = random.Random(args.sample_seed).sample(splits["train"], min(args.prompts, len(splits["train"])))
+    questions = [r["question"] for r in records]
+    with bench_run("routing_online", params), tempfile.TemporaryDirectory(prefix="routing_online_") as tmp, \
+            judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url:
+        groups, correct = sample_groups(params, records, args.sample_seed)
+        pm = ScoredOnce(PreferenceModel.from_pretrained(PM_DIR))
+        pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
+                 cfg.pm_batch_size)
+        cache = JudgeCache(Path(tmp) / "judge.sqlite")  # judge_only asks every pair once; the rest are cache hits
+
+        def measure(policy: str, budget: float = 0.0, seed: int = 0) -> tuple[dict, list[list[float]]]:
+            reward = RoutedPairwiseReward(pm, JudgeClient(params.judge, url, cache),
+                                          cfg.model_copy(update={"routing": policy, "budget": budget}), seed)
+            adv = replay(reward, questions, groups, cfg.prompts_per_step)
+            return {"policy": policy, "budget": budget, "seed": seed, "verdicts": reward.totals["judge_verdicts"],
+                    "separation": separation(adv, correct), **reward.summary()}, adv
+
+        judge_row, judge_adv = measure("judge_only")
+        rm_row, rm_adv = measure("rm_only")
+        rows = [judge_row, rm_row]
+        for policy in ("uncertainty_budget", "random"):
+            for budget in args.budgets:
+                for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
+                    row, adv = measure(policy, budget, seed)
+                    rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
+        rm_row["correlation_with_judge_only"] = correlation(rm_adv, judge_adv)
+        gap = judge_row["separation"] - rm_row["separation"]
+        for row in rows:
+            row["gap_closed"] = (row["separation"] - rm_row["separation"]) / gap if gap else None
+        decisive = judge_row["verdicts"] * (1 - judge_row["judge_tie_share"])
+        facts = {"prompts": len(groups), "responses_right": sum(map(sum, correct)) / sum(map(len, correct)),
+                 "mixed_prompts": sum(any(c) and not all(c) for c in correct) / len(correct),
+                 "judgeable_pairs": judge_row["verdicts"],
+                 "judge_tie_share_of_judgeable": judge_row["judge_tie_share"],
+                 "pm_accuracy_on_decisive": 1 - judge_row["verdicts"] * judge_row["judge_overrule_share"] / decisive}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+        plot([r for r in rows if r["policy"] in ("uncertainty_budget", "random")], args.out.with_suffix(".png"))
+        mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items()})
+        mlflow.log_artifact(str(args.out))
+        mlflow.log_artifact(str(args.out.with_suffix(".png")))
+    summarize(facts, rows)
+
+
+def summarize(facts: dict, rows: list[dict]) -> None:
+    print(f"\n{facts['prompts']} prompts: {facts['responses_right']:.3f} of samples right, "
+          f"{facts['mixed_prompts']:.3f} of prompts mixed; {facts['judgeable_pairs']:.0f} judgeable pairs, "
+          f"{facts['judge_tie_share_of_judgeable']:.3f} of them ties; PM accuracy on the decisive ones "
+          f"{facts['pm_accuracy_on_decisive']:.3f}")
+    print(f"{'policy':22}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}{'corr w/ judge':>14}"
+          f"{'overruled':>10}{'ties':>7}")
+    keys = dict.fromkeys((r["policy"], r["budget"]) for r in rows)
+    for policy, budget in keys:
+        rs = [r for r in rows if (r["policy"], r["budget"]) == (policy, budget)]
+        def mean(key):
+            return statistics.mean(r[key] for r in rs)
+        corr = mean("correlation_with_judge_only") if "correlation_with_judge_only" in rs[0] else 1.0
+        print(f"{policy:22}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}{corr:14.3f}"
+              f"{mean('judge_overrule_share'):10.3f}{mean('judge_tie_share'):7.3f}")
+
+
+if __name__ == "__main__":
+    run()
