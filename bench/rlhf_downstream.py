@@ -42,13 +42,15 @@ BUDGETED = ("uncertainty_budget", "random")
 
 
 def variant(run: dict) -> str:
-    """What a run compares as: its routing policy, with the budget for the budgeted ones. Files written before
-    the budget was recorded ran at 0.1, the params default then; before ``budget_of`` was recorded a budget was
-    a share of all the step's pairs, identical ones included (now of the others: a share of judge_only's cost)."""
+    """What a run compares as: its routing policy, with the budget for the budgeted ones and ``rlhf.same_answer``
+    where it is not ``judge``. Files written before the budget was recorded ran at 0.1, the params default then;
+    before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
+    of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``."""
+    same = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
     if run["routing"] not in BUDGETED:
-        return run["routing"]
+        return run["routing"] + same
     of_all = "" if run.get("budget_of") == "eligible" else " (all pairs)"
-    return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}"
+    return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}{same}"
 
 
 def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
@@ -65,12 +67,13 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     run_params = params.model_copy(update={"rlhf": cfg})
     ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
     client = JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)
-    reward = RoutedPairwiseReward(pm, client, cfg, seed)
+    reward = RoutedPairwiseReward(pm, client, cfg, seed, params.sandbox)
     start = time.perf_counter()
     dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params, str(workdir / "policy"),
                                  workdir / "checkpoints", key_files=[Path(PM_DIR)], seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
-    return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "seed": seed,
+    return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "same_answer": cfg.same_answer,
+            "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             **reward.summary(), "judge_calls": ledger.calls, "judge_cost": ledger.cost,
@@ -79,10 +82,10 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
 
 def summarize(sft: dict, runs: list[dict]) -> None:
     print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
-    print(f"{'routing':36}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
+    print(f"{'routing':52}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
     for name, rs in by_variant(runs).items():
         accs = [r["test_accuracy"] for r in rs]
-        print(f"{name:36}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
+        print(f"{name:52}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
               f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
               f"{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
               f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
@@ -114,6 +117,8 @@ def run() -> None:
     ap.add_argument("--budget", type=float, default=None,
                     help="share of each step's non-identical pairs judged by the budgeted policies (default: "
                          "rlhf.budget)")
+    ap.add_argument("--same-answer", choices=["judge", "skip", "tie"], default=None,
+                    help="pairs whose final answers agree: judge, skip or tie (default: rlhf.same_answer)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,
@@ -131,7 +136,8 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:  # validated as params.yaml is: --budget 10 (meant as percent) stops here, naming rlhf.budget
-        params = with_overrides("params.yaml", {} if args.budget is None else {"rlhf.budget": args.budget}, out=None)
+        overrides = {"rlhf.budget": args.budget, "rlhf.same_answer": args.same_answer}
+        params = with_overrides("params.yaml", {k: v for k, v in overrides.items() if v is not None}, out=None)
     except ParamsError as e:
         ap.error(str(e))
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}

@@ -14,7 +14,11 @@ and judge verdicts (asked once, then served by the judge cache), step by step as
 - of the verdicts it buys: the share that overruled the PM (chose the response the PM scored lower) and the
   share that were ties (which leave the PM's near-zero score about where it was).
 
+Each is replayed under every ``rlhf.same_answer`` asked for (judge: pairs with the same final answer are routed
+like any other; skip: never routed; tie: scored 0 without a call).
+
     python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1]
+                                    [--same-answer judge skip tie]
 
 Run after `dvc repro` (needs models/sft, models/rm). Prints a table, writes reports/bench/routing_online.json and
 the plot beside it (.png), logs to MLflow; nothing is asserted.
@@ -70,9 +74,21 @@ class ScoredOnce:
         return self.pm.uncertainty(g, var)
 
 
-def sample_groups(params, records: list[dict], seed: int) -> tuple[list[list[str]], list[list[bool]]]:
+class ReplayedReward(RoutedPairwiseReward):
+    """The routed reward with each response's final answer looked up (found once, when the samples were checked)
+    instead of running its program again in every replay."""
+
+    def __init__(self, *args, answers: dict[str, int | None], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answers = answers
+
+    def final_answers(self, texts: list[str]) -> list[int | None]:
+        return [self.answers[t] for t in texts]
+
+
+def sample_groups(params, records: list[dict], seed: int) -> tuple[list[list[str]], list[list[bool]], dict]:
     """``rlhf.n_responses`` samples per record from the SFT policy at ``rlhf.temperature`` (as rlhf_routed's GRPO
-    draws them), and whether the verifier finds each one right."""
+    draws them), whether the verifier finds each one right, and each sample's final answer."""
     cfg = params.rlhf
     gen = open_generator(POLICY, params.generation, batch_size=64, max_new_tokens=cfg.max_new_tokens, seed=seed)
     repeated = [r for r in records for _ in range(cfg.n_responses)]
@@ -82,10 +98,12 @@ def sample_groups(params, records: list[dict], seed: int) -> tuple[list[list[str
                            params.sandbox.workers)
     n = cfg.n_responses
     return ([texts[k:k + n] for k in range(0, len(texts), n)],
-            [[row["correct"] for row in rows[k:k + n]] for k in range(0, len(rows), n)])
+            [[row["correct"] for row in rows[k:k + n]] for k in range(0, len(rows), n)],
+            {row["response"]: row["predicted"] for row in rows})
 
 
-def replay(reward: RoutedPairwiseReward, questions: list[str], groups: list[list[str]], per_step: int) -> list[list[float]]:
+def replay(reward: RoutedPairwiseReward, questions: list[str], groups: list[list[str]],
+           per_step: int) -> list[list[float]]:
     """The advantages ``reward`` gives every group, fed to it ``per_step`` prompts at a time as GRPO does."""
     out = []
     for start in range(0, len(groups), per_step):
@@ -111,16 +129,22 @@ def correlation(a: list[list[float]], b: list[list[float]]) -> float:
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    """Separation gap closed and overrule share against budget, uncertainty vs random (mean and sd over seeds)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    """Separation gap closed and overrule share against the judge calls paid (a share of judge_only's), per routing
+    policy and same_answer (mean and sd over seeds)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    lines = list(dict.fromkeys((r["policy"], r["same_answer"]) for r in rows))
     for ax, key, label in ((axes[0], "gap_closed", "share of the rm_only -> judge_only separation gap closed"),
                            (axes[1], "judge_overrule_share", "share of verdicts that overruled the PM")):
-        for k, policy in enumerate(("uncertainty_budget", "random")):
-            budgets = sorted({r["budget"] for r in rows if r["policy"] == policy})
-            vals = [[r[key] for r in rows if r["policy"] == policy and r["budget"] == b] for b in budgets]
-            ax.errorbar([100 * b for b in budgets], [statistics.mean(v) for v in vals],
-                        yerr=[statistics.pstdev(v) for v in vals], marker="o", capsize=3, color=f"C{k}", label=policy)
-        ax.set_xlabel("judge budget (% of judgeable pairs)")
+        for k, (policy, same) in enumerate(lines):
+            budgets = sorted({r["budget"] for r in rows if (r["policy"], r["same_answer"]) == (policy, same)})
+            points = [[r for r in rows if (r["policy"], r["same_answer"], r["budget"]) == (policy, same, b)]
+                      for b in budgets]
+            vals = [[r[key] for r in rs] for rs in points]
+            ax.errorbar([100 * statistics.mean(r["call_share"] for r in rs) for rs in points],
+                        [statistics.mean(v) for v in vals],
+                        yerr=[statistics.pstdev(v) for v in vals], marker="o", capsize=3, color=f"C{k}",
+                        label=f"{policy}, same answer: {same}")
+        ax.set_xlabel("judge calls (% of judge_only's)")
         ax.set_ylabel(label, fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle("Routing on the SFT policy's own samples")
@@ -135,6 +159,9 @@ def run() -> None:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.4])
     ap.add_argument("--seeds", type=int, default=5, help="seeds of random routing per budget")
     ap.add_argument("--sample-seed", type=int, default=0, help="seed of the prompt draw and the policy's sampling")
+    ap.add_argument("--same-answer", nargs="+", choices=["judge", "skip", "tie"], default=["judge", "skip", "tie"],
+                    help="rlhf.same_answer settings to replay (gaps are measured against rm_only and judge_only "
+                         "with judge)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -147,31 +174,37 @@ def run() -> None:
     questions = [r["question"] for r in records]
     with bench_run("routing_online", params), tempfile.TemporaryDirectory(prefix="routing_online_") as tmp, \
             judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url:
-        groups, correct = sample_groups(params, records, args.sample_seed)
+        groups, correct, answers = sample_groups(params, records, args.sample_seed)
         pm = ScoredOnce(PreferenceModel.from_pretrained(PM_DIR))
         pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
                  cfg.pm_batch_size)
         cache = JudgeCache(Path(tmp) / "judge.sqlite")  # judge_only asks every pair once; the rest are cache hits
 
-        def measure(policy: str, budget: float = 0.0, seed: int = 0) -> tuple[dict, list[list[float]]]:
-            reward = RoutedPairwiseReward(pm, JudgeClient(params.judge, url, cache),
-                                          cfg.model_copy(update={"routing": policy, "budget": budget}), seed)
+        def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge") -> tuple[dict, list]:
+            update = {"routing": policy, "budget": budget, "same_answer": same}
+            reward = ReplayedReward(pm, JudgeClient(params.judge, url, cache), cfg.model_copy(update=update), seed,
+                                    answers=answers)
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
-            return {"policy": policy, "budget": budget, "seed": seed, "verdicts": reward.totals["judge_verdicts"],
-                    "separation": separation(adv, correct), **reward.summary()}, adv
+            return {"policy": policy, "budget": budget, "seed": seed, "same_answer": same,
+                    "verdicts": reward.totals["judge_verdicts"], "separation": separation(adv, correct),
+                    **reward.summary()}, adv
 
         judge_row, judge_adv = measure("judge_only")
-        rm_row, rm_adv = measure("rm_only")
-        rows = [judge_row, rm_row]
-        for policy in ("uncertainty_budget", "random"):
-            for budget in args.budgets:
-                for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
-                    row, adv = measure(policy, budget, seed)
-                    rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
-        rm_row["correlation_with_judge_only"] = correlation(rm_adv, judge_adv)
+        rows = [judge_row]
+        for same in dict.fromkeys(["judge", *args.same_answer]):  # judge: the baseline the gaps are measured on
+            for policy in ("rm_only", "judge_only") if same != "judge" else ("rm_only",):
+                row, adv = measure(policy, same=same)
+                rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
+            for policy in ("uncertainty_budget", "random"):
+                for budget in args.budgets:
+                    for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
+                        row, adv = measure(policy, budget, seed, same)
+                        rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
+        rm_row = next(r for r in rows if r["policy"] == "rm_only" and r["same_answer"] == "judge")
         gap = judge_row["separation"] - rm_row["separation"]
         for row in rows:
             row["gap_closed"] = (row["separation"] - rm_row["separation"]) / gap if gap else None
+            row["call_share"] = row["verdicts"] / max(judge_row["verdicts"], 1)  # of judge_only's calls
         decisive = judge_row["verdicts"] * (1 - judge_row["judge_tie_share"])
         facts = {"prompts": len(groups), "responses_right": sum(map(sum, correct)) / sum(map(len, correct)),
                  "mixed_prompts": sum(any(c) and not all(c) for c in correct) / len(correct),
@@ -192,16 +225,17 @@ def summarize(facts: dict, rows: list[dict]) -> None:
           f"{facts['mixed_prompts']:.3f} of prompts mixed; {facts['judgeable_pairs']:.0f} judgeable pairs, "
           f"{facts['judge_tie_share_of_judgeable']:.3f} of them ties; PM accuracy on the decisive ones "
           f"{facts['pm_accuracy_on_decisive']:.3f}")
-    print(f"{'policy':22}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}{'corr w/ judge':>14}"
-          f"{'overruled':>10}{'ties':>7}")
-    keys = dict.fromkeys((r["policy"], r["budget"]) for r in rows)
-    for policy, budget in keys:
-        rs = [r for r in rows if (r["policy"], r["budget"]) == (policy, budget)]
+    print(f"{'policy':22}{'same answer':>12}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}"
+          f"{'corr w/ judge':>14}{'overruled':>10}{'ties':>7}{'calls %':>8}")
+    keys = dict.fromkeys((r["policy"], r["same_answer"], r["budget"]) for r in rows)
+    for policy, same, budget in keys:
+        rs = [r for r in rows if (r["policy"], r["same_answer"], r["budget"]) == (policy, same, budget)]
         def mean(key):
             return statistics.mean(r[key] for r in rs)
         corr = mean("correlation_with_judge_only") if "correlation_with_judge_only" in rs[0] else 1.0
-        print(f"{policy:22}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}{corr:14.3f}"
-              f"{mean('judge_overrule_share'):10.3f}{mean('judge_tie_share'):7.3f}")
+        print(f"{policy:22}{same:>12}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}"
+              f"{corr:14.3f}"
+              f"{mean('judge_overrule_share'):10.3f}{mean('judge_tie_share'):7.3f}{100 * mean('call_share'):8.1f}")
 
 
 if __name__ == "__main__":

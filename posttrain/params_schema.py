@@ -250,6 +250,9 @@ class RlhfParams(OnlinePolicyParams):
     budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each step's "
                                                    "non-identical pairs judged (a share of judge_only's cost)")
     uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
+    same_answer: Literal["judge", "skip", "tie"] = Field(
+        description="pairs whose final answers agree: routed like any other (judge), never routed so the PM decides "
+                    "(skip), or scored a tie without a call (tie: the judge's first criterion cannot split them)")
     advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
     n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
     pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")

@@ -7,7 +7,8 @@ function. For a step's batch of prompt groups it:
 1. scores every pair (i, j) with the PM, antisymmetrised: s_ij = (r_ij - r_ji) / 2, u_ij from both orders;
 2. routes pairs to the judge by the configured policy (uncertainty threshold or budget, random, rm_only,
    judge_only) over all the step's pairs at once (a budget is budget x the step's pairs; pairs of identical
-   responses, ties by construction, are never sent), and overwrites their s_ij by the verdict (+2 / -2 / 0);
+   responses, ties by construction, are never sent; with ``rlhf.same_answer`` skip or tie, neither are pairs whose
+   final answers agree, and tie scores them 0), and overwrites their s_ij by the verdict (+2 / -2 / 0);
    a failed judge call keeps the PM's; per step MLflow gets the share of verdicts that were ties and that
    overruled the PM (chose the response it scored lower): what the judge's calls changed;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
@@ -34,6 +35,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
+from posttrain.evaluation import final_answers
 from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
@@ -50,8 +52,9 @@ class RoutedPairwiseReward:
 
     __name__ = "routed_pairwise"
 
-    def __init__(self, pm, judge, cfg, seed: int):
+    def __init__(self, pm, judge, cfg, seed: int, sandbox=None):
         self.pm, self.judge, self.cfg = pm, judge, cfg
+        self.sandbox = sandbox  # where pot responses' programs run to find their final answers (same_answer)
         self.rng = random.Random(seed)
         self.totals = defaultdict(float)
 
@@ -83,8 +86,11 @@ class RoutedPairwiseReward:
         index = [(g, i, j) for g, (_, u) in enumerate(scored) for i, j in upper_pairs(len(u))]
         u_flat = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
         distinct = [responses[g][i].strip() != responses[g][j].strip() for g, i, j in index]
+        #    Two different responses with the same final answer are both right or both wrong: the judge's first
+        #    criterion cannot split them. same_answer skip keeps them from the judge, tie also scores them 0.
+        same = self.same_answer_pairs(responses, index, distinct)
         routed = [index[k] for k in route_batch(u_flat, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
-                                                self.rng, eligible=distinct)]
+                                                self.rng, eligible=[d and not m for d, m in zip(distinct, same)])]
         # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
         verdicts = self.judge.judge([(question[groups[g][0]], responses[g][i], responses[g][j])
                                      for g, i, j in routed]) if routed else []
@@ -96,16 +102,20 @@ class RoutedPairwiseReward:
                 pm_side = float(scored[g][0][i, j])
                 ties += v == "tie"
                 overruled += (v == "A" and pm_side < 0) or (v == "B" and pm_side > 0)
+        verdict_count = sum(len(v) for v in judged.values())
+        if self.cfg.same_answer == "tie":
+            for (g, i, j), m in zip(index, same):
+                if m:
+                    judged[g][(i, j)] = "tie"  # scored as a verdict, counted as none: no one paid for it
         # 4. A_i = scale / (n - 1) * sum_j s_ij per group, as each response's reward
         rewards = [0.0] * len(completions)
         for g, (idx, (s, _)) in enumerate(zip(groups, scored)):
             adv = pairwise_advantages(apply_verdicts(s, judged[g]), self.cfg.advantage_scale)
             for k, a in zip(idx, adv.tolist()):
                 rewards[k] = a
-        verdict_count = sum(len(v) for v in judged.values())
         step = {"pairs": len(index), "routed": len(routed), "identical_pairs": len(index) - sum(distinct),
                 "judge_failures": len(routed) - verdict_count, "judge_verdicts": verdict_count,
-                "judge_ties": ties, "judge_overruled": overruled}
+                "judge_ties": ties, "judge_overruled": overruled, "same_answer_pairs": sum(same)}
         for key, v in step.items():
             self.totals[key] += v
         if log_metric is not None:
@@ -113,6 +123,7 @@ class RoutedPairwiseReward:
             log_metric("routing/routed_fraction", step["routed"] / max(step["pairs"], 1))
             log_metric("routing/judge_failures", step["judge_failures"])
             log_metric("routing/identical_share", step["identical_pairs"] / max(step["pairs"], 1))
+            log_metric("routing/same_answer_share", step["same_answer_pairs"] / max(step["pairs"], 1))
             if verdict_count:
                 log_metric("routing/judge_tie_share", ties / verdict_count)
                 log_metric("routing/judge_overrule_share", overruled / verdict_count)
@@ -120,12 +131,28 @@ class RoutedPairwiseReward:
                 log_metric(f"{key}_total", ledger[key])
         return rewards
 
+    def same_answer_pairs(self, responses: list[list[str]], index: list[tuple], distinct: list[bool]) -> list[bool]:
+        """Per pair in ``index``: different responses giving the same final answer (all False for same_answer judge)."""
+        if self.cfg.same_answer == "judge":
+            return [False] * len(index)
+        found, answers = iter(self.final_answers([r for group in responses for r in group])), []
+        for group in responses:
+            answers.append([next(found) for _ in group])
+        return [d and answers[g][i] is not None and answers[g][i] == answers[g][j]
+                for (g, i, j), d in zip(index, distinct)]
+
+    def final_answers(self, texts: list[str]) -> list[int | None]:
+        """Each response's final answer (pot programs run in the sandbox), None where it gives none."""
+        limits = () if self.sandbox is None else (sandbox_limits(self.sandbox), self.sandbox.workers)
+        return final_answers(texts, *limits)
+
     def summary(self) -> dict[str, float]:
         """The run's routing so far: shares of all pairs routed and identical, failed calls, and of the verdicts
         the share that were ties and that overruled the PM."""
         t, verdicts = self.totals, max(self.totals["judge_verdicts"], 1)
         return {"routed_fraction": t["routed"] / max(t["pairs"], 1),
                 "identical_pair_share": t["identical_pairs"] / max(t["pairs"], 1),
+                "same_answer_share": t["same_answer_pairs"] / max(t["pairs"], 1),
                 "judge_failures": t["judge_failures"], "judge_tie_share": t["judge_ties"] / verdicts,
                 "judge_overrule_share": t["judge_overruled"] / verdicts}
 

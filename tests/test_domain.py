@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from posttrain.evaluation import score_responses
+from posttrain.evaluation import final_answers, score_responses
 from posttrain.sandbox import SandboxLimits
 from posttrain.task.arithmetic import Problem, Step, generate_problems, sample_problem
 from posttrain.task.solutions import render_response
@@ -91,6 +91,13 @@ def test_wrong_response_is_scored_wrong():
                            ["Answer: 35", wrong_program, render_response(p, BY_NAME["pot+verify"]).replace("== 7", "== 8")])
     assert [r["correct"] for r in rows] == [False, False, False]
     assert rows[2]["reason"].startswith("error: AssertionError")
+
+
+def test_final_answers_need_no_reference_and_run_programs():
+    p = Problem(start=7, steps=(Step("add", 5), Step("mul", 3)), form="words")
+    texts = [" cot\n" + render_response(p, BY_NAME["cot"]), " pot\n" + render_response(p, BY_NAME["pot"]),
+             " pot\n" + render_response(p, BY_NAME["pot"]).replace("x * 3", "x * 4"), " cot\nno answer here"]
+    assert final_answers(texts) == [36, 36, 48, None]
 
 
 def test_question_kinds():

@@ -246,6 +246,32 @@ def test_the_run_counts_the_verdicts_that_were_ties_and_that_overruled_the_pm():
     assert summary["routed_fraction"] == 1.0 and summary["judge_failures"] == 0
 
 
+def test_pairs_with_the_same_final_answer_skip_the_judge_or_score_a_tie():
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    class FirstWordAnswers(RoutedPairwiseReward):
+        def final_answers(self, texts):
+            return [int(t.split()[0]) for t in texts]
+
+    # answers 5, 7, 5, 9: only (0, 2) agree; the PM (longer is better) scores it 7 - 10 = -3
+    responses = ["5 right", "7 xxxxxxx", "5 yy right", "9 z"]
+    base = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "judge_only"})
+    rewards, asked, summaries = {}, {}, {}
+    for same in ("judge", "skip", "tie"):
+        judge = VerifierLikeJudge()
+        reward = FirstWordAnswers(StubPM(), judge, base.model_copy(update={"same_answer": same}), seed=0)
+        rewards[same] = reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+        asked[same], summaries[same] = {(a, b) for _, a, b in judge.asked}, reward.summary()
+    assert ("5 right", "5 yy right") in asked["judge"] and len(asked["judge"]) == 6
+    assert asked["skip"] == asked["tie"] == asked["judge"] - {("5 right", "5 yy right")}
+    assert summaries["tie"]["same_answer_share"] == pytest.approx(1 / 6)
+    assert summaries["judge"]["same_answer_share"] == 0
+    # judge: the verdict on (0, 2) is a tie as well; skip keeps the PM's -3; tie scores 0 without a call
+    assert rewards["tie"] == pytest.approx(rewards["judge"])
+    assert rewards["tie"][0] - rewards["skip"][0] == pytest.approx(1.0)  # scale / (n - 1) * (0 - (-3))
+    assert rewards["tie"][2] - rewards["skip"][2] == pytest.approx(-1.0)
+
+
 def test_pairs_of_identical_responses_never_reach_the_judge():
     """Identical responses tie by construction; the PM gives them s = 0, the most uncertain score of all, so without
     the rule they would take the whole budget. Budget, threshold, random and judge_only all leave them out."""
