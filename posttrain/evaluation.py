@@ -65,14 +65,6 @@ def score_responses(
     return rows
 
 
-def final_answers(responses: list[str], limits: SandboxLimits = SandboxLimits(), workers: int = 2) -> list[int | None]:
-    """The final answer of each own-choice response (a ``pot`` program's printed output), None where it gives none;
-    no reference answer is needed."""
-    blank = {"id": None, "difficulty": None, "answer": None}
-    rows = score_responses([blank] * len(responses), [OWN_CHOICE] * len(responses), responses, limits, workers)
-    return [row["predicted"] for row in rows]
-
-
 def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
     """Accuracy overall / per difficulty / per format, and mean response tokens.
 

@@ -35,16 +35,24 @@ from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
-from posttrain.evaluation import final_answers
+from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
 from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route_batch, upper_pairs
-from posttrain.sandbox import sandbox_limits
+from posttrain.sandbox import SandboxLimits, sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
 
 ROUTING_STATE = "routing_state.json"
+
+
+def final_answers(responses: list[str], limits: SandboxLimits = SandboxLimits(), workers: int = 2) -> list[int | None]:
+    """The final answer of each own-choice response (a ``pot`` program's printed output), None where it gives none;
+    no reference answer is needed."""
+    blank = {"id": None, "difficulty": None, "answer": None}
+    rows = score_responses([blank] * len(responses), [OWN_CHOICE] * len(responses), responses, limits, workers)
+    return [row["predicted"] for row in rows]
 
 
 class RoutedPairwiseReward:

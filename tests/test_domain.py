@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from posttrain.evaluation import final_answers, score_responses
+from posttrain.evaluation import score_responses
 from posttrain.sandbox import SandboxLimits
 from posttrain.task.arithmetic import Problem, Step, generate_problems, sample_problem
 from posttrain.task.solutions import render_response
@@ -94,6 +94,8 @@ def test_wrong_response_is_scored_wrong():
 
 
 def test_final_answers_need_no_reference_and_run_programs():
+    from posttrain.rlhf import final_answers
+
     p = Problem(start=7, steps=(Step("add", 5), Step("mul", 3)), form="words")
     texts = [" cot\n" + render_response(p, BY_NAME["cot"]), " pot\n" + render_response(p, BY_NAME["pot"]),
              " pot\n" + render_response(p, BY_NAME["pot"]).replace("x * 3", "x * 4"), " cot\nno answer here"]
