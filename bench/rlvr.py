@@ -37,11 +37,12 @@ OUT = Path("reports/rlvr")
 
 
 def variant(run: dict) -> str:
-    """What a run compares as: the algorithm, with the settings that differ between runs of one algorithm."""
+    """What a run compares as: the algorithm, with the settings that differ between runs of one algorithm, and its
+    steps (its learning rate decays to 0 over them, so a longer run is another schedule, not a continuation)."""
     seeded = run["algo"] == "ar3po" and run.get("buffer_seed", "none") != "none"  # only ar3po has a buffer
     name = run["algo"] + (" + seeded buffer" if seeded else "")
     schedule = f", k {run['k']} x {run['stages']} stages" if run["algo"] == "ar3po" else ""
-    return f"{name}, lr {run['learning_rate']:g}{schedule}"
+    return f"{name}, lr {run['learning_rate']:g}{schedule}, {len(run['steps'])} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
