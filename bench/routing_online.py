@@ -15,10 +15,11 @@ and judge verdicts (asked once, then served by the judge cache), step by step as
   share that were ties (which leave the PM's near-zero score about where it was).
 
 Each is replayed under every ``rlhf.same_answer`` asked for (judge: pairs with the same final answer are routed
-like any other; skip: never routed; tie: scored 0 without a call).
+like any other; skip: never routed; tie: scored 0 without a call), and uncertainty routing under every
+``train_rm.uncertainty_score`` asked for.
 
     python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1]
-                                    [--same-answer judge skip tie]
+                                    [--same-answer judge skip tie] [--uncertainty-scores predictive variance]
 
 Run after `dvc repro` (needs models/sft, models/rm). Prints a table, writes reports/bench/routing_online.json and
 the plot beside it (.png), logs to MLflow; nothing is asserted.
@@ -162,6 +163,8 @@ def run() -> None:
     ap.add_argument("--same-answer", nargs="+", choices=["judge", "skip", "tie"], default=["judge", "skip", "tie"],
                     help="rlhf.same_answer settings to replay (gaps are measured against rm_only and judge_only "
                          "with judge)")
+    ap.add_argument("--uncertainty-scores", nargs="+", choices=["predictive", "variance"], default=None,
+                    help="scores to rank pairs by for uncertainty routing (default: train_rm.uncertainty_score)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -178,14 +181,19 @@ def run() -> None:
         pm = ScoredOnce(PreferenceModel.from_pretrained(PM_DIR))
         pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
                  cfg.pm_batch_size)
+        default_score = pm.pm.uncertainty_score
+        scores = args.uncertainty_scores or [default_score]
         cache = JudgeCache(Path(tmp) / "judge.sqlite")  # judge_only asks every pair once; the rest are cache hits
 
-        def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge") -> tuple[dict, list]:
+        def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
+                    score: str | None = None) -> tuple[dict, list]:
             update = {"routing": policy, "budget": budget, "same_answer": same}
+            pm.pm.uncertainty_score = score or default_score
             reward = ReplayedReward(pm, JudgeClient(params.judge, url, cache), cfg.model_copy(update=update), seed,
                                     answers=answers)
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
-            return {"policy": policy, "budget": budget, "seed": seed, "same_answer": same,
+            name = f"{policy} ({score})" if score and len(scores) > 1 else policy
+            return {"policy": name, "budget": budget, "seed": seed, "same_answer": same,
                     "verdicts": reward.totals["judge_verdicts"], "separation": separation(adv, correct),
                     **reward.summary()}, adv
 
@@ -195,10 +203,10 @@ def run() -> None:
             for policy in ("rm_only", "judge_only") if same != "judge" else ("rm_only",):
                 row, adv = measure(policy, same=same)
                 rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
-            for policy in ("uncertainty_budget", "random"):
+            for policy, score in [("uncertainty_budget", s) for s in scores] + [("random", None)]:
                 for budget in args.budgets:
                     for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
-                        row, adv = measure(policy, budget, seed, same)
+                        row, adv = measure(policy, budget, seed, same, score)
                         rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
         rm_row = next(r for r in rows if r["policy"] == "rm_only" and r["same_answer"] == "judge")
         gap = judge_row["separation"] - rm_row["separation"]
@@ -213,7 +221,7 @@ def run() -> None:
                  "pm_accuracy_on_decisive": 1 - judge_row["verdicts"] * judge_row["judge_overrule_share"] / decisive}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
-        plot([r for r in rows if r["policy"] in ("uncertainty_budget", "random")], args.out.with_suffix(".png"))
+        plot([r for r in rows if r["policy"].startswith(("uncertainty_budget", "random"))], args.out.with_suffix(".png"))
         mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items()})
         mlflow.log_artifact(str(args.out))
         mlflow.log_artifact(str(args.out.with_suffix(".png")))
@@ -225,7 +233,7 @@ def summarize(facts: dict, rows: list[dict]) -> None:
           f"{facts['mixed_prompts']:.3f} of prompts mixed; {facts['judgeable_pairs']:.0f} judgeable pairs, "
           f"{facts['judge_tie_share_of_judgeable']:.3f} of them ties; PM accuracy on the decisive ones "
           f"{facts['pm_accuracy_on_decisive']:.3f}")
-    print(f"{'policy':22}{'same answer':>12}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}"
+    print(f"{'policy':34}{'same answer':>12}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}"
           f"{'corr w/ judge':>14}{'overruled':>10}{'ties':>7}{'calls %':>8}")
     keys = dict.fromkeys((r["policy"], r["same_answer"], r["budget"]) for r in rows)
     for policy, same, budget in keys:
@@ -233,7 +241,7 @@ def summarize(facts: dict, rows: list[dict]) -> None:
         def mean(key):
             return statistics.mean(r[key] for r in rs)
         corr = mean("correlation_with_judge_only") if "correlation_with_judge_only" in rs[0] else 1.0
-        print(f"{policy:22}{same:>12}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}"
+        print(f"{policy:34}{same:>12}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}"
               f"{corr:14.3f}"
               f"{mean('judge_overrule_share'):10.3f}{mean('judge_tie_share'):7.3f}{100 * mean('call_share'):8.1f}")
 
