@@ -172,7 +172,10 @@ def build_report(params) -> str:
         budgets.to_csv(OUT / "routing.csv", index=False)
         parts += ["## Routing: preference accuracy against judge calls\n", budgets.to_markdown(index=False, floatfmt=".3f"),
                   f"\nRouted RLHF: test {rlhf['sft_test']['accuracy']:.3f} (SFT) -> {rlhf['rlhf_test']['accuracy']:.3f}, "
-                  f"{rlhf['judge_calls']:.0f} judge calls, ${rlhf['judge_cost']:.4f}.\n",
+                  f"{rlhf['judge_calls']:.0f} judge calls paid (${rlhf['judge_cost']:.4f}), "
+                  f"{rlhf.get('judge_cache_hits', 0):.0f} verdicts from the judge cache; of the verdicts "
+                  f"{rlhf.get('judge_overrule_share', float('nan')):.3f} overruled the PM and "
+                  f"{rlhf.get('judge_tie_share', float('nan')):.3f} were ties.\n",
                   "![routing curve](routing/routing_curve.png)\n"]
     if rlvr:
         plot_rollout_cost(rlvr, OUT / "rollout_cost.png")
