@@ -183,14 +183,14 @@ def run() -> None:
                  cfg.pm_batch_size)
         default_score = pm.pm.uncertainty_score
         scores = args.uncertainty_scores or [default_score]
-        cache = JudgeCache(Path(tmp) / "judge.sqlite")  # judge_only asks every pair once; the rest are cache hits
+        # judge_only asks every pair once; every later replay is served by the cache
+        client = JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))
 
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
                     score: str | None = None) -> tuple[dict, list]:
             update = {"routing": policy, "budget": budget, "same_answer": same}
             pm.pm.uncertainty_score = score or default_score
-            reward = ReplayedReward(pm, JudgeClient(params.judge, url, cache), cfg.model_copy(update=update), seed,
-                                    answers=answers)
+            reward = ReplayedReward(pm, client, cfg.model_copy(update=update), seed, answers=answers)
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
             name = f"{policy} ({score})" if score and len(scores) > 1 else policy
             return {"policy": name, "budget": budget, "seed": seed, "same_answer": same,
@@ -222,6 +222,7 @@ def run() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
         plot([r for r in rows if r["policy"].startswith(("uncertainty_budget", "random"))], args.out.with_suffix(".png"))
+        client.close()
         mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items()})
         mlflow.log_artifact(str(args.out))
         mlflow.log_artifact(str(args.out.with_suffix(".png")))
