@@ -3,6 +3,8 @@ policy (uncertainty_budget at `rlhf.budget`, random at the same budget, rm_only,
 test accuracy of each resulting policy and what its judge cost.
 
     python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
+                                     [--budget B] [--same-answer judge|skip|tie]
+                                     [--route-score uncertainty|expected_gain]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -45,12 +47,15 @@ def variant(run: dict) -> str:
     """What a run compares as: its routing policy, with the budget for the budgeted ones and ``rlhf.same_answer``
     where it is not ``judge``. Files written before the budget was recorded ran at 0.1, the params default then;
     before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
-    of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``."""
-    same = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``, before
+    ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads)."""
+    suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    if run["routing"] == "uncertainty_budget" and run.get("route_score", "uncertainty") != "uncertainty":
+        suffix = f" by {run['route_score']}{suffix}"
     if run["routing"] not in BUDGETED:
-        return run["routing"] + same
+        return run["routing"] + suffix
     of_all = "" if run.get("budget_of") == "eligible" else " (all pairs)"
-    return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}{same}"
+    return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}{suffix}"
 
 
 def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
@@ -73,7 +78,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
                                  workdir / "checkpoints", key_files=[Path(PM_DIR)], seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
     return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "same_answer": cfg.same_answer,
-            "seed": seed,
+            "route_score": cfg.route_score, "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             **reward.summary(), "judge_calls": ledger.calls, "judge_cost": ledger.cost,
@@ -119,6 +124,8 @@ def run() -> None:
                          "rlhf.budget)")
     ap.add_argument("--same-answer", choices=["judge", "skip", "tie"], default=None,
                     help="pairs whose final answers agree: judge, skip or tie (default: rlhf.same_answer)")
+    ap.add_argument("--route-score", choices=["uncertainty", "expected_gain"], default=None,
+                    help="what uncertainty routing ranks pairs by (default: rlhf.route_score)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,
@@ -136,7 +143,8 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:  # validated as params.yaml is: --budget 10 (meant as percent) stops here, naming rlhf.budget
-        overrides = {"rlhf.budget": args.budget, "rlhf.same_answer": args.same_answer}
+        overrides = {"rlhf.budget": args.budget, "rlhf.same_answer": args.same_answer,
+                     "rlhf.route_score": args.route_score}
         params = with_overrides("params.yaml", {k: v for k, v in overrides.items() if v is not None}, out=None)
     except ParamsError as e:
         ap.error(str(e))

@@ -16,10 +16,11 @@ and judge verdicts (asked once, then served by the judge cache), step by step as
 
 Each is replayed under every ``rlhf.same_answer`` asked for (judge: pairs with the same final answer are routed
 like any other; skip: never routed; tie: scored 0 without a call), and uncertainty routing under every
-``train_rm.uncertainty_score`` asked for.
+``train_rm.uncertainty_score`` and ``rlhf.route_score`` asked for.
 
     python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1]
                                     [--same-answer judge skip tie] [--uncertainty-scores predictive variance]
+                                    [--route-scores uncertainty expected_gain]
 
 Run after `dvc repro` (needs models/sft, models/rm). Prints a table, writes reports/bench/routing_online.json and
 the plot beside it (.png), logs to MLflow; nothing is asserted.
@@ -61,7 +62,7 @@ class ScoredOnce:
     """The PM with its pair scores remembered, so every replay sees the same scores and pays for them once."""
 
     def __init__(self, pm: PreferenceModel):
-        self.pm, self.memo = pm, {}
+        self.pm, self.memo, self.lam = pm, {}, pm.lam
 
     def score(self, triples, batch_size=64):
         todo = [t for t in dict.fromkeys(triples) if t not in self.memo]
@@ -165,6 +166,8 @@ def run() -> None:
                          "with judge)")
     ap.add_argument("--uncertainty-scores", nargs="+", choices=["predictive", "variance"], default=None,
                     help="scores to rank pairs by for uncertainty routing (default: train_rm.uncertainty_score)")
+    ap.add_argument("--route-scores", nargs="+", choices=["uncertainty", "expected_gain"], default=None,
+                    help="rlhf.route_score settings for uncertainty routing (default: rlhf.route_score)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -183,16 +186,18 @@ def run() -> None:
                  cfg.pm_batch_size)
         default_score = pm.pm.uncertainty_score
         scores = args.uncertainty_scores or [default_score]
+        ranks = args.route_scores or [cfg.route_score]
         # judge_only asks every pair once; every later replay is served by the cache
         client = JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))
 
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
-                    score: str | None = None) -> tuple[dict, list]:
-            update = {"routing": policy, "budget": budget, "same_answer": same}
+                    score: str | None = None, rank: str = "uncertainty") -> tuple[dict, list]:
+            update = {"routing": policy, "budget": budget, "same_answer": same, "route_score": rank}
             pm.pm.uncertainty_score = score or default_score
             reward = ReplayedReward(pm, client, cfg.model_copy(update=update), seed, answers=answers)
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
-            name = f"{policy} ({score})" if score and len(scores) > 1 else policy
+            name = policy + (f" ({score})" if score and len(scores) > 1 else "") + (
+                f" by {rank}" if rank != "uncertainty" else "")
             return {"policy": name, "budget": budget, "seed": seed, "same_answer": same,
                     "verdicts": reward.totals["judge_verdicts"], "separation": separation(adv, correct),
                     **reward.summary()}, adv
@@ -203,10 +208,11 @@ def run() -> None:
             for policy in ("rm_only", "judge_only") if same != "judge" else ("rm_only",):
                 row, adv = measure(policy, same=same)
                 rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
-            for policy, score in [("uncertainty_budget", s) for s in scores] + [("random", None)]:
+            ranked = [("uncertainty_budget", s, r) for s in scores for r in ranks]
+            for policy, score, rank in ranked + [("random", None, "uncertainty")]:
                 for budget in args.budgets:
                     for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
-                        row, adv = measure(policy, budget, seed, same, score)
+                        row, adv = measure(policy, budget, seed, same, score, rank)
                         rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
         rm_row = next(r for r in rows if r["policy"] == "rm_only" and r["same_answer"] == "judge")
         gap = judge_row["separation"] - rm_row["separation"]

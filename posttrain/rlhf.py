@@ -8,7 +8,9 @@ function. For a step's batch of prompt groups it:
 2. routes pairs to the judge by the configured policy (uncertainty threshold or budget, random, rm_only,
    judge_only) over all the step's pairs at once (a budget is budget x the step's pairs; pairs of identical
    responses, ties by construction, are never sent; with ``rlhf.same_answer`` skip or tie, neither are pairs whose
-   final answers agree, and tie scores them 0), and overwrites their s_ij by the verdict (+2 / -2 / 0);
+   final answers agree, and tie scores them 0; with ``rlhf.route_score`` expected_gain, uncertainty routing ranks
+   pairs by how far the verdict is expected to move s_ij where it can split a right response from a wrong one),
+   and overwrites their s_ij by the verdict (+2 / -2 / 0);
    a failed judge call keeps the PM's; per step MLflow gets the share of verdicts that were ties and that
    overruled the PM (chose the response it scored lower): what the judge's calls changed;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
@@ -40,7 +42,9 @@ from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
 from posttrain.rng_state import rng_state, set_rng_state
-from posttrain.routing import antisymmetrize, apply_verdicts, pairwise_advantages, route_batch, upper_pairs
+from posttrain.routing import (antisymmetrize, apply_verdicts, decisive_chance, expected_gain, pairwise_advantages,
+                              route_batch, upper_pairs)
+from posttrain.uncertainty import calibrated_logit
 from posttrain.sandbox import SandboxLimits, sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
 
@@ -66,16 +70,18 @@ class RoutedPairwiseReward:
         self.rng = random.Random(seed)
         self.totals = defaultdict(float)
 
-    def score_group(self, question: str, responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(s, u) for one prompt's responses: antisymmetrised PM logits and pair uncertainties (n x n)."""
+    def score_group(self, question: str, responses: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(s, u, p) for one prompt's responses (n x n): antisymmetrised PM logits, pair uncertainties, and the
+        PM's calibrated probability that response i is better than j."""
         n = len(responses)
         pairs = upper_pairs(n)
         g, var = self.pm.score([(question, responses[i], responses[j]) for i, j in pairs], self.cfg.pm_batch_size)
-        u_pair = self.pm.uncertainty(g, var)
-        r, u = torch.zeros(n, n), torch.ones(n, n)
-        for (i, j), gij, uij in zip(pairs, g, u_pair):
+        u_pair, p_pair = self.pm.uncertainty(g, var), torch.sigmoid(calibrated_logit(g, var, self.pm.lam)[0])
+        r, u, p = torch.zeros(n, n), torch.ones(n, n), torch.full((n, n), 0.5)
+        for (i, j), gij, uij, pij in zip(pairs, g, u_pair, p_pair):
             r[i, j], r[j, i], u[i, j], u[j, i] = gij, -gij, uij, uij  # g is already antisymmetric
-        return antisymmetrize(r, u, self.cfg.uncertainty_reduce)
+            p[i, j], p[j, i] = pij, 1 - pij
+        return *antisymmetrize(r, u, self.cfg.uncertainty_reduce), p
 
     def __call__(self, prompts, completions, question, log_metric=None, **_) -> list[float]:
         groups: dict[str, list[int]] = defaultdict(list)
@@ -91,13 +97,21 @@ class RoutedPairwiseReward:
         #    predictive score ranks as the most uncertain of all, and a low-entropy policy samples many such pairs.
         #    Routed, they would take the whole budget and the judge would only confirm the tie, so they never go,
         #    and the budget counts only the others: 10% is a tenth of what judge_only pays.
-        index = [(g, i, j) for g, (_, u) in enumerate(scored) for i, j in upper_pairs(len(u))]
-        u_flat = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
+        index = [(g, i, j) for g, (_, u, _) in enumerate(scored) for i, j in upper_pairs(len(u))]
+        rank_by = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
         distinct = [responses[g][i].strip() != responses[g][j].strip() for g, i, j in index]
+        answers = self.group_answers(responses)
         #    Two different responses with the same final answer are both right or both wrong: the judge's first
         #    criterion cannot split them. same_answer skip keeps them from the judge, tie also scores them 0.
-        same = self.same_answer_pairs(responses, index, distinct)
-        routed = [index[k] for k in route_batch(u_flat, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
+        same = [self.cfg.same_answer != "judge" and d and answers[g][i] is not None and answers[g][i] == answers[g][j]
+                for (g, i, j), d in zip(index, distinct)]
+        #    Most pairs of a policy's samples are ties (both right, or both wrong), and a tie-trained PM scores
+        #    them near 0, where its uncertainty is highest, so u alone spends half the calls on ties. expected_gain
+        #    ranks by how far the verdict should move s_ij on pairs that can split right from wrong instead.
+        if self.cfg.route_score == "expected_gain":
+            gain = [expected_gain(s, p, decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
+            rank_by = torch.tensor([float(gain[g][i, j]) for g, i, j in index])
+        routed = [index[k] for k in route_batch(rank_by, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
                                                 self.rng, eligible=[d and not m for d, m in zip(distinct, same)])]
         # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
         verdicts = self.judge.judge([(question[groups[g][0]], responses[g][i], responses[g][j])
@@ -117,7 +131,7 @@ class RoutedPairwiseReward:
                     judged[g][(i, j)] = "tie"  # scored as a verdict, counted as none: no one paid for it
         # 4. A_i = scale / (n - 1) * sum_j s_ij per group, as each response's reward
         rewards = [0.0] * len(completions)
-        for g, (idx, (s, _)) in enumerate(zip(groups, scored)):
+        for g, (idx, (s, _, _)) in enumerate(zip(groups, scored)):
             adv = pairwise_advantages(apply_verdicts(s, judged[g]), self.cfg.advantage_scale)
             for k, a in zip(idx, adv.tolist()):
                 rewards[k] = a
@@ -139,15 +153,12 @@ class RoutedPairwiseReward:
                 log_metric(f"{key}_total", ledger[key])
         return rewards
 
-    def same_answer_pairs(self, responses: list[list[str]], index: list[tuple], distinct: list[bool]) -> list[bool]:
-        """Per pair in ``index``: different responses giving the same final answer (all False for same_answer judge)."""
-        if self.cfg.same_answer == "judge":
-            return [False] * len(index)
-        found, answers = iter(self.final_answers([r for group in responses for r in group])), []
-        for group in responses:
-            answers.append([next(found) for _ in group])
-        return [d and answers[g][i] is not None and answers[g][i] == answers[g][j]
-                for (g, i, j), d in zip(index, distinct)]
+    def group_answers(self, responses: list[list[str]]) -> list[list[int | None]] | None:
+        """Each group's final answers, when same_answer or route_score needs them (None otherwise)."""
+        if self.cfg.same_answer == "judge" and self.cfg.route_score == "uncertainty":
+            return None
+        found = iter(self.final_answers([r for group in responses for r in group]))
+        return [[next(found) for _ in group] for group in responses]
 
     def final_answers(self, texts: list[str]) -> list[int | None]:
         """Each response's final answer (pot programs run in the sandbox), None where it gives none."""

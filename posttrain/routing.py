@@ -70,6 +70,42 @@ def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float
     raise ValueError(f"unknown routing policy {policy!r}")
 
 
+def decisive_chance(answers: list) -> torch.Tensor:
+    """d[i, j]: the chance that exactly one of responses i and j is right, so the judge will not call the pair a tie,
+    estimated by self-consistency from the prompt's responses' final answers (None: none given).
+
+    Two responses with the same answer (or none) are both right or both wrong: 0. With different answers at most one
+    is right, so the chance is P(a_i right) + P(a_j right), each estimated as the share of the responses giving that
+    answer (a response with no answer is never right).
+
+    Example:
+        >>> decisive_chance([7, 7, 3, None]).tolist()[0]
+        [0.0, 0.0, 0.75, 0.5]
+    """
+    n = len(answers)
+    share = [0.0 if a is None else answers.count(a) / n for a in answers]
+    d = torch.zeros(n, n)
+    for i, j in upper_pairs(n):
+        if answers[i] != answers[j]:
+            d[i, j] = d[j, i] = share[i] + share[j]
+    return d
+
+
+def expected_gain(s: torch.Tensor, p: torch.Tensor, chance: torch.Tensor) -> torch.Tensor:
+    """How much the judge's verdict is expected to raise s toward the right response of each pair: if i is right
+    the verdict sets s_ij = +2, a gain of 2 - s_ij, if j is, -2, a gain of 2 + s_ij; weighted by the PM's calibrated
+    probability p_ij that i is better, 2 - s_ij (2 p_ij - 1), and by the chance the pair is decisive at all (a tie
+    verdict moves no right response above a wrong one). Negative where the PM already leans harder the way it
+    is probably right than a verdict would.
+
+    Example:
+        >>> [round(g, 2) for g in expected_gain(torch.tensor([0.0, 1.5, -1.0]), torch.tensor([0.5, 0.9, 0.9]),
+        ...                                      torch.ones(3)).tolist()]
+        [2.0, 0.8, 2.8]
+    """
+    return chance * (VERDICT_LOGIT["A"] - s * (2 * p - 1))
+
+
 def apply_verdicts(s: torch.Tensor, verdicts: dict[tuple[int, int], str]) -> torch.Tensor:
     """Overwrite s_ij (and s_ji = -s_ij) for every judged pair; 'A' means response i is better."""
     s = s.clone()

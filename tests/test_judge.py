@@ -13,8 +13,8 @@ from posttrain.judge_client import JudgeCache, JudgeClient
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
 from posttrain.judge_server import JudgeService, build_app, verifier_backend
 from posttrain.params import load_params
-from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, pairwise_advantages,
-                               route_batch)
+from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, decisive_chance, expected_gain,
+                               pairwise_advantages, route_batch)
 
 RECORDS = [{"id": f"q{i}", "question": f"Compute {i} + 1.", "answer": i + 1, "difficulty": 1} for i in range(8)]
 
@@ -175,7 +175,7 @@ def test_routed_reward_honours_the_budget_and_falls_back_on_judge_failures():
     from posttrain.rlhf import RoutedPairwiseReward
 
     cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "uncertainty_budget",
-                                                                           "budget": 0.5})
+                                                                           "budget": 0.5, "route_score": "uncertainty"})
     responses = ["aa right", "a", "aaaa", "aaa right"]  # 6 pairs per prompt -> 3 judged
     judge = StubJudge()
     reward = RoutedPairwiseReward(StubPM(), judge, cfg, seed=0)
@@ -200,7 +200,7 @@ def test_routed_reward_spends_the_budget_on_the_steps_most_uncertain_pairs():
     from posttrain.rlhf import RoutedPairwiseReward
 
     cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "uncertainty_budget",
-                                                                           "budget": 0.1})
+                                                                           "budget": 0.1, "route_score": "uncertainty"})
     far_apart = ["a", "a" * 6, "a" * 12, "a" * 18]  # lengths 5 or more apart: the PM is sure
     close = ["aa right", "a", "aaaa", "aaa right"]  # |8 - 9| = 1: the step's most uncertain pair
     judge, metrics = StubJudge(), {}
@@ -272,13 +272,44 @@ def test_pairs_with_the_same_final_answer_skip_the_judge_or_score_a_tie():
     assert rewards["tie"][2] - rewards["skip"][2] == pytest.approx(-1.0)
 
 
+def test_expected_gain_sends_the_budget_where_a_verdict_can_split_right_from_wrong():
+    """Answers 5, 5, 7, 9 (lengths 6, 7, 12, 14; the stub PM prefers the longer, surely when far apart). By u alone
+    the one call (10% of 6 pairs) goes to the closest lengths, (0, 1), whose answers agree: a tie. expected_gain
+    scores it 0 (never decisive) and every far-apart pair below 0 (the PM leans harder than a verdict would), and
+    sends the call to (2, 3): s = -2, p = sigmoid(-2 / sqrt(1 + 10 / 3)) = 0.277, decisive with chance 1/4 + 1/4,
+    gain 0.5 x (2 - 2 x 0.447) = 0.55."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    class FirstWordAnswers(RoutedPairwiseReward):
+        def final_answers(self, texts):
+            return [int(t.split()[0]) for t in texts]
+
+    responses = ["5 aaaa", "5 aaaaa", "7 aaaaaaaaaa", "9 aaaaaaaaaaa"]
+    base = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"routing": "uncertainty_budget",
+                                                                            "budget": 0.1})
+    asked = {}
+    for rank in ("uncertainty", "expected_gain"):
+        judge = StubJudge()
+        FirstWordAnswers(StubPM(), judge, base.model_copy(update={"route_score": rank}), seed=0)(
+            prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+        asked[rank] = [(a, b) for _, a, b in judge.asked]
+    assert asked["uncertainty"] == [("5 aaaa", "5 aaaaa")]
+    assert asked["expected_gain"] == [("7 aaaaaaaaaa", "9 aaaaaaaaaaa")]
+    d = decisive_chance([7, 7, 3, None, None])
+    assert d[0, 1] == 0 and d[3, 4] == 0 and d[0, 2] == pytest.approx(0.6) and d[2, 3] == pytest.approx(0.2)
+    assert torch.equal(d, d.T)
+    s, p = torch.tensor([[0.0, -2.0], [2.0, 0.0]]), torch.tensor([[0.5, 0.277], [0.723, 0.5]])
+    gain = expected_gain(s, p, torch.full((2, 2), 0.5))
+    assert gain[0, 1] == pytest.approx(0.5 * (0.277 * 4 + 0.723 * 0)) and gain[1, 0] == pytest.approx(gain[0, 1])
+
+
 def test_pairs_of_identical_responses_never_reach_the_judge():
     """Identical responses tie by construction; the PM gives them s = 0, the most uncertain score of all, so without
     the rule they would take the whole budget. Budget, threshold, random and judge_only all leave them out."""
     from posttrain.rlhf import RoutedPairwiseReward
 
     responses = ["aa right", "aa right", "a", "aaaaaaa"]  # (0, 1) identical: u = 1, above every other pair
-    base = load_params("configs/params.smoke.yaml").rlhf
+    base = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"route_score": "uncertainty"})
     for routing, budget in (("uncertainty_budget", 0.2), ("random", 0.5), ("judge_only", 0.0), ("uncertainty", 0.0)):
         judge = StubJudge()
         reward = RoutedPairwiseReward(StubPM(), judge, base.model_copy(update={
