@@ -255,9 +255,9 @@ class RlhfParams(OnlinePolicyParams):
                     "(skip), or scored a tie without a call (tie: the judge's first criterion cannot split them)")
     route_score: Literal["uncertainty", "expected_gain"] = Field(
         description="what uncertainty routing ranks (or thresholds) pairs by: the PM's uncertainty u_ij (METHODS.md), "
-                    "or the expected change the verdict makes to s_ij where it can split a right response from a "
-                    "wrong one (expected_gain: the PM's calibrated probability x the chance the pair is decisive, "
-                    "from the agreement of the prompt's responses' final answers)")
+                    "or how far a verdict is expected to raise s_ij toward the right response (expected_gain: from "
+                    "the PM's calibrated probability, times the chance the pair is decisive, from the agreement of "
+                    "the prompt's responses' final answers)")
     advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
     n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
     pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
