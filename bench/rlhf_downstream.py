@@ -18,6 +18,7 @@ import json
 import statistics
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 import matplotlib
@@ -71,11 +72,12 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     cfg = params.rlhf.model_copy(update={"routing": routing, "max_steps": steps})
     run_params = params.model_copy(update={"rlhf": cfg})
     ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
-    client = JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)
-    reward = RoutedPairwiseReward(pm, client, cfg, seed, params.sandbox)
     start = time.perf_counter()
-    dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params, str(workdir / "policy"),
-                                 workdir / "checkpoints", key_files=[Path(PM_DIR)], seed=seed)
+    with closing(JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)) as client:
+        reward = RoutedPairwiseReward(pm, client, cfg, seed, params.sandbox)
+        dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params,
+                                     str(workdir / "policy"), workdir / "checkpoints", key_files=[Path(PM_DIR)],
+                                     seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
     return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "same_answer": cfg.same_answer,
             "route_score": cfg.route_score, "seed": seed,

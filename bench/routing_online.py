@@ -32,6 +32,7 @@ import json
 import random
 import statistics
 import tempfile
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import matplotlib
@@ -179,7 +180,8 @@ def run() -> None:
     records = random.Random(args.sample_seed).sample(splits["train"], min(args.prompts, len(splits["train"])))
     questions = [r["question"] for r in records]
     with bench_run("routing_online", params), tempfile.TemporaryDirectory(prefix="routing_online_") as tmp, \
-            judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url:
+            judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url, \
+            ExitStack() as stack:
         groups, correct, answers = sample_groups(params, records, args.sample_seed)
         pm = ScoredOnce(PreferenceModel.from_pretrained(PM_DIR))
         pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
@@ -188,7 +190,7 @@ def run() -> None:
         scores = args.uncertainty_scores or [default_score]
         ranks = args.route_scores or [cfg.route_score]
         # judge_only asks every pair once; every later replay is served by the cache
-        client = JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))
+        client = stack.enter_context(closing(JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))))
 
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
                     score: str | None = None, rank: str = "uncertainty") -> tuple[dict, list]:
@@ -228,7 +230,6 @@ def run() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
         plot([r for r in rows if r["policy"].startswith(("uncertainty_budget", "random"))], args.out.with_suffix(".png"))
-        client.close()
         mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items()})
         mlflow.log_artifact(str(args.out))
         mlflow.log_artifact(str(args.out.with_suffix(".png")))
