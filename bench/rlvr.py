@@ -72,14 +72,18 @@ def smoothed(curve: list[dict], width: int = 3) -> list[dict]:
 
 
 def held_out_questions(params, n: int, taken: list[dict]) -> list[dict]:
-    """``n`` more test questions of the task (``task`` params), none of them in ``taken`` (train, dev, test), as many
-    of each difficulty as the test split has: a seed prepare never uses, so they are new draws of the same task."""
+    """About ``n`` more test questions of the task (``task`` params), none of them in ``taken`` (train, dev, test):
+    n // difficulties of each difficulty (so a multiple of the difficulty count gives exactly n), drawn with a seed
+    prepare never uses, so they are new draws of the same task."""
     task, levels = params.task, range(1, params.task.max_difficulty + 1)
     problems = generate_problems(2 * n + len(taken), params.seed + 7_919, levels, task.max_operand, task.max_value,
                                  kind_weights=task.kind_weights)
     seen = {r["question"] for r in taken}
-    fresh = [p for d in levels for p in [p for p in problems if p.difficulty == d and p.question not in seen]
-             [:n // len(levels)]]
+    by_level: dict[int, list] = {d: [] for d in levels}
+    for problem in problems:
+        if problem.question not in seen and len(by_level[problem.difficulty]) < n // len(levels):
+            by_level[problem.difficulty].append(problem)
+    fresh = [problem for d in levels for problem in by_level[d]]
     return [{"id": f"heldout-{i:06d}", "question": p.question, "answer": p.answer, "difficulty": p.difficulty,
              **p.to_fields()} for i, p in enumerate(fresh)]
 
@@ -174,22 +178,20 @@ def summarize(sft: dict, runs: list[dict]) -> None:
                        else f" -> {cost / got:.1f}x fewer")
             print(f"seed {mine['seed']}: {variant(mine)} reaches {name}'s final accuracy {target:.3f} (seeds "
                   f"{[r['seed'] for r in rs]}) at {'-' if got is None else got} responses vs its {cost:.0f}{verdict}")
-    # one seed's curve crosses a target early or late by test noise (1 question = 0.004); the seed means less so
+    # one seed's curve crosses a target early or late by test noise (1 question = 0.004); the seed means less so,
+    # and 3-evaluation means (the baseline's final then being the mean of its last three evaluations) less still
     for mine in (name for name in variants if name.startswith("ar3po")):
         curve = mean_curve([r for r in runs if variant(r) == mine])
         for name in baselines:
             rs = [r for r in runs if variant(r) == name]
             target, cost = baseline_target(rs)
-            got = reach(curve, target, "responses")
-            verdict = " (not reached)" if got is None else f" -> {cost / max(got, 1):.1f}x fewer"
-            print(f"seed mean: {mine} reaches {name}'s mean final accuracy {target:.3f} at "
-                  f"{'-' if got is None else f'{got:.0f}'} responses vs its {cost:.0f}{verdict}")
-            # the same on 3-evaluation means: the baseline's final is the mean of its last three evaluations
-            target = smoothed(mean_curve(rs)[1:])[-1]["test_accuracy"]
-            got = reach(smoothed(curve[1:]), target, "responses")
-            verdict = " (not reached)" if got is None else f" -> {cost / max(got, 1):.1f}x fewer"
-            print(f"seed mean, 3-evaluation means: {mine} reaches {name}'s {target:.3f} at "
-                  f"{'-' if got is None else f'{got:.0f}'} responses vs its {cost:.0f}{verdict}")
+            last_three = smoothed(mean_curve(rs)[1:])[-1]["test_accuracy"]
+            for label, goal, line in (("seed mean", target, curve),
+                                      ("seed mean, 3-evaluation means", last_three, smoothed(curve[1:]))):
+                got = reach(line, goal, "responses")
+                verdict = " (not reached)" if got is None else f" -> {cost / max(got, 1):.1f}x fewer"
+                print(f"{label}: {mine} reaches {name}'s mean final accuracy {goal:.3f} at "
+                      f"{'-' if got is None else f'{got:.0f}'} responses vs its {cost:.0f}{verdict}")
 
 
 def run() -> None:

@@ -32,7 +32,7 @@ import json
 import random
 import statistics
 import tempfile
-from contextlib import ExitStack, closing
+from contextlib import closing
 from pathlib import Path
 
 import matplotlib
@@ -181,7 +181,7 @@ def run() -> None:
     questions = [r["question"] for r in records]
     with bench_run("routing_online", params), tempfile.TemporaryDirectory(prefix="routing_online_") as tmp, \
             judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url, \
-            ExitStack() as stack:
+            closing(JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))) as client:
         groups, correct, answers = sample_groups(params, records, args.sample_seed)
         pm = ScoredOnce(PreferenceModel.from_pretrained(PM_DIR))
         pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
@@ -189,8 +189,6 @@ def run() -> None:
         default_score = pm.pm.uncertainty_score
         scores = args.uncertainty_scores or [default_score]
         ranks = args.route_scores or [cfg.route_score]
-        # judge_only asks every pair once; every later replay is served by the cache
-        client = stack.enter_context(closing(JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))))
 
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
                     score: str | None = None, rank: str = "uncertainty") -> tuple[dict, list]:
@@ -204,7 +202,7 @@ def run() -> None:
                     "verdicts": reward.totals["judge_verdicts"], "separation": separation(adv, correct),
                     **reward.summary()}, adv
 
-        judge_row, judge_adv = measure("judge_only")
+        judge_row, judge_adv = measure("judge_only")  # asks every pair once; later replays hit the judge cache
         rows = [judge_row]
         for same in dict.fromkeys(["judge", *args.same_answer]):  # judge: the baseline the gaps are measured on
             for policy in ("rm_only", "judge_only") if same != "judge" else ("rm_only",):

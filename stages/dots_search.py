@@ -7,7 +7,8 @@ counts, the optimal trajectory, whether it was dropped) and the distribution of 
 difficulty and question kind (reports/metrics/dots_search.json, reports/dots/optimal_trajectories.png).
 
 Resumable: questions are searched in chunks, each appended to checkpoints/dots_search/<key>/done.jsonl
-as it completes; a re-run skips the questions already there.
+as it completes; a re-run skips the questions already there. What the search spent (generations, tokens,
+seconds) is saved beside it (cost.json) after each chunk, so a resumed run's cost covers every process.
 """
 from __future__ import annotations
 
@@ -57,6 +58,15 @@ def read_done(path: Path) -> dict[str, dict]:
                 continue
             done[rec["id"]] = rec
     return done
+
+
+def read_cost(path: Path) -> dict:
+    """What earlier processes of this search spent (``cost.json`` beside the progress file): generations, tokens
+    and seconds, and how many questions they cover. Zero for a new search."""
+    cost = {"questions": 0, "generations": 0, "generated_tokens": 0, "seconds": 0.0}
+    if path.exists():
+        cost.update(json.loads(path.read_text(encoding="utf-8")))
+    return cost
 
 
 def open_progress(path: Path) -> TextIO:
@@ -129,7 +139,8 @@ def main() -> None:
         if done:
             print(f"dots_search: resuming, {len(done)} of {len(records)} questions already searched")
             mlflow.set_tag("resumed_questions", len(done))
-        cost = {"generations": 0, "generated_tokens": 0, "seconds": 0.0}
+        cost_file = progress_file.with_name("cost.json")
+        cost = read_cost(cost_file)  # a chunk killed between its results and its cost.json is not counted
         calls = 0
 
         def run_samples(jobs, n):
@@ -156,14 +167,15 @@ def main() -> None:
                 log.flush()
                 os.fsync(log.fileno())
                 cost["seconds"] += time.perf_counter() - t0
+                cost["questions"] += len(chunk)
+                atomic_write_json(cost_file, cost)
                 bar.update(len(chunk))
                 mlflow.log_metrics({"searched": len(done), **cost}, step=len(done))
         results = [done[r["id"]] for r in records]
         summary = summarize(results, by_id)
-        if cost["seconds"]:
-            n_new = len(todo)
-            summary["cost"] = {**cost, "generations_per_question": round(cost["generations"] / n_new, 2),
-                               "seconds_per_question": round(cost["seconds"] / n_new, 3)}
+        if cost["questions"]:
+            summary["cost"] = {**cost, "generations_per_question": round(cost["generations"] / cost["questions"], 2),
+                               "seconds_per_question": round(cost["seconds"] / cost["questions"], 3)}
         with atomic_dir(OUT) as tmp:
             (tmp / "search.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
         atomic_write_json(METRICS, summary)

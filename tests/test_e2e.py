@@ -196,15 +196,19 @@ def test_dots_search_resumes_after_a_kill(repro):
     repo, _ = repro
     set_params(repo, "dots_search", temperature=0.7)
 
-    def six_done() -> bool:
+    def six_done() -> bool:  # searched, and their cost saved (it is written just after)
         done = list((repo / "checkpoints/dots_search").glob("*/done.jsonl"))
-        return bool(done) and done[0].read_text().count("\n") >= 6
+        cost = list((repo / "checkpoints/dots_search").glob("*/cost.json"))
+        return bool(done) and done[0].read_text().count("\n") >= 6 and bool(cost) and \
+            json.loads(cost[0].read_text() or "{}").get("questions", 0) >= 6
 
     kill_when(["dvc", "repro", "dots_search"], repo, six_done)
     assert list((repo / "checkpoints/dots_search").glob("*/done.jsonl")), "no progress before the kill"
     out = run(["dvc", "repro", "dots_search"], repo)
     assert "dots_search: resuming, 6 of 12 questions already searched" in out
     assert len((repo / "data/dots/search.jsonl").read_text().splitlines()) == 12
+    # the cost counts both processes' questions (the killed one's chunks too), not only the resumed process's
+    assert json.loads((repo / "reports/metrics/dots_search.json").read_text())["cost"]["questions"] == 12
     assert_nothing_lost(repo, "dots_search", ["data/dots", "reports/dots"])
 
 
