@@ -14,6 +14,9 @@ and judge verdicts (asked once, then served by the judge cache), step by step as
 - of the verdicts it buys: the share that overruled the PM (chose the response the PM scored lower) and the
   share that were ties (which leave the PM's near-zero score about where it was).
 
+Beside them, an oracle that knows which samples are right (``OracleReward``: the expected-gain ranking with the
+truth for its estimates) marks the ceiling any routing score can reach at each budget.
+
 Each is replayed under every ``rlhf.same_answer`` asked for (judge: pairs with the same final answer are routed
 like any other; skip: never routed; tie: scored 0 without a call), and uncertainty routing under every
 ``train_rm.uncertainty_score`` and ``rlhf.route_score`` asked for.
@@ -50,7 +53,7 @@ from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward  # noqa: E402
-from posttrain.routing import upper_pairs  # noqa: E402
+from posttrain.routing import expected_gain, upper_pairs  # noqa: E402
 from posttrain.sandbox import sandbox_limits  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from posttrain.trajectories import prompt as open_prompt  # noqa: E402
@@ -87,6 +90,24 @@ class ReplayedReward(RoutedPairwiseReward):
 
     def final_answers(self, texts: list[str]) -> list[int | None]:
         return [self.answers[t] for t in texts]
+
+
+class OracleReward(ReplayedReward):
+    """Routing that knows which responses are right: the ceiling of any routing score. Ranks by the expected-gain
+    formula with the truth in place of estimates: the pair is decisive or not, and the right side is known, so
+    it buys the verdicts that move the most advantage from wrong responses to right ones."""
+
+    def __init__(self, *args, right: dict[str, bool], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.right = right
+
+    def route_scores(self, scored, answers, responses):
+        out = []
+        for (s, _, _), texts in zip(scored, responses):
+            c = torch.tensor([float(self.right[t]) for t in texts])
+            decisive = (c[:, None] != c[None, :]).float()
+            out.append(expected_gain(s, c[:, None] * (1 - c[None, :]) + 0.5 * (1 - decisive), decisive))
+        return out
 
 
 def sample_groups(params, records: list[dict], seed: int) -> tuple[list[list[str]], list[list[bool]], dict]:
@@ -190,14 +211,18 @@ def run() -> None:
         scores = args.uncertainty_scores or [default_score]
         ranks = args.route_scores or [cfg.route_score]
 
+        right = {t: ok for g, oks in zip(groups, correct) for t, ok in zip(g, oks)}
+
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
                     score: str | None = None, rank: str = "uncertainty") -> tuple[dict, list]:
             update = {"routing": policy, "budget": budget, "same_answer": same, "route_score": rank}
             pm.pm.uncertainty_score = score or default_score
-            reward = ReplayedReward(pm, client, cfg.model_copy(update=update), seed, answers=answers)
+            config = cfg.model_copy(update=update)
+            reward = (OracleReward(pm, client, config, seed, answers=answers, right=right) if rank == "oracle" else
+                      ReplayedReward(pm, client, config, seed, answers=answers))
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
-            name = policy + (f" ({score})" if score and len(scores) > 1 else "") + (
-                f" by {rank}" if rank != "uncertainty" else "")
+            name = "oracle (right answers known)" if rank == "oracle" else policy + (
+                f" ({score})" if score and len(scores) > 1 else "") + (f" by {rank}" if rank != "uncertainty" else "")
             return {"policy": name, "budget": budget, "seed": seed, "same_answer": same,
                     "verdicts": reward.totals["judge_verdicts"], "separation": separation(adv, correct),
                     **reward.summary()}, adv
@@ -209,7 +234,8 @@ def run() -> None:
                 row, adv = measure(policy, same=same)
                 rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
             ranked = [("uncertainty_budget", s, r) for s in scores for r in ranks]
-            for policy, score, rank in ranked + [("random", None, "uncertainty")]:
+            ceiling = [("uncertainty_budget", None, "oracle")] if same == "judge" else []
+            for policy, score, rank in ranked + ceiling + [("random", None, "uncertainty")]:
                 for budget in args.budgets:
                     for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
                         row, adv = measure(policy, budget, seed, same, score, rank)
@@ -227,7 +253,8 @@ def run() -> None:
                  "pm_accuracy_on_decisive": 1 - judge_row["verdicts"] * judge_row["judge_overrule_share"] / decisive}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
-        plot([r for r in rows if r["policy"].startswith(("uncertainty_budget", "random"))], args.out.with_suffix(".png"))
+        plot([r for r in rows if r["policy"].startswith(("uncertainty_budget", "random", "oracle"))],
+             args.out.with_suffix(".png"))
         mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items()})
         mlflow.log_artifact(str(args.out))
         mlflow.log_artifact(str(args.out.with_suffix(".png")))

@@ -98,19 +98,14 @@ class RoutedPairwiseReward:
         #    Routed, they would take the whole budget and the judge would only confirm the tie, so they never go,
         #    and the budget counts only the others: 10% is a tenth of what judge_only pays.
         index = [(g, i, j) for g, (_, u, _) in enumerate(scored) for i, j in upper_pairs(len(u))]
-        rank_by = torch.tensor([float(scored[g][1][i, j]) for g, i, j in index])
         distinct = [responses[g][i].strip() != responses[g][j].strip() for g, i, j in index]
         answers = self.group_answers(responses)
         #    Two different responses with the same final answer are both right or both wrong: the judge's first
         #    criterion cannot split them. same_answer skip keeps them from the judge, tie also scores them 0.
         same = [self.cfg.same_answer != "judge" and d and answers[g][i] is not None and answers[g][i] == answers[g][j]
                 for (g, i, j), d in zip(index, distinct)]
-        #    Most pairs of a policy's samples are ties (both right, or both wrong), and a tie-trained PM scores
-        #    them near 0, where its uncertainty is highest, so u alone spends half the calls on ties. expected_gain
-        #    ranks by how far the verdict should move s_ij on pairs that can split right from wrong instead.
-        if self.cfg.route_score == "expected_gain":
-            gain = [expected_gain(s, p, decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
-            rank_by = torch.tensor([float(gain[g][i, j]) for g, i, j in index])
+        rank = self.route_scores(scored, answers, responses)
+        rank_by = torch.tensor([float(rank[g][i, j]) for g, i, j in index])
         routed = [index[k] for k in route_batch(rank_by, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
                                                 self.rng, eligible=[d and not m for d, m in zip(distinct, same)])]
         # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
@@ -152,6 +147,17 @@ class RoutedPairwiseReward:
             for key in ("judge/calls", "judge/cost", "judge/cache_hits", "judge/failures"):
                 log_metric(f"{key}_total", ledger[key])
         return rewards
+
+    def route_scores(self, scored: list[tuple], answers: list[list[int | None]] | None,
+                     responses: list[list[str]]) -> list[torch.Tensor]:
+        """Per group, the n x n scores uncertainty routing ranks pairs by: u_ij, or with ``route_score``
+        expected_gain how far a verdict is expected to move s_ij toward the right response. Most pairs of a policy's
+        samples are ties (both right, or both wrong), and a tie-trained PM scores them near 0, where u is highest,
+        so u alone spends half the calls on ties; expected_gain weighs in the chance the pair is decisive at all.
+        (``responses`` is for subclasses that rank by the texts, such as bench/routing_online.py's oracle.)"""
+        if self.cfg.route_score == "expected_gain":
+            return [expected_gain(s, p, decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
+        return [u for _, u, _ in scored]
 
     def group_answers(self, responses: list[list[str]]) -> list[list[int | None]] | None:
         """Each group's final answers, when same_answer or route_score needs them (None otherwise)."""
