@@ -4,7 +4,7 @@ test accuracy of each resulting policy and what its judge cost.
 
     python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
                                      [--budget B] [--same-answer judge|skip|tie]
-                                     [--route-score uncertainty|expected_gain]
+                                     [--route-score uncertainty|expected_gain] [--extra-test 960]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -35,6 +35,7 @@ from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
+from held_out import held_out_questions  # noqa: E402
 from results_files import join_results  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
@@ -128,6 +129,9 @@ def run() -> None:
                     help="pairs whose final answers agree: judge, skip or tie (default: rlhf.same_answer)")
     ap.add_argument("--route-score", choices=["uncertainty", "expected_gain"], default=None,
                     help="what uncertainty routing ranks pairs by (default: rlhf.route_score)")
+    ap.add_argument("--extra-test", type=int, default=0,
+                    help="add this many fresh held-out questions of the task to the test split (a multiple of the "
+                         "difficulty count; none of them in train, dev or test), for less noise per evaluation")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,
@@ -151,11 +155,14 @@ def run() -> None:
     except ParamsError as e:
         ap.error(str(e))
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    records = [r for split in splits.values() for r in split]  # the judge sees training prompts only
+    if args.extra_test:
+        splits["test"] = splits["test"] + held_out_questions(params, args.extra_test, records)
     pm = PreferenceModel.from_pretrained(PM_DIR)
     results = []
-    records = [r for split in splits.values() for r in split]
     with bench_run("rlhf_downstream", params), judge_endpoint(params.judge, records, params.seed) as url:
-        sft = own_choice_accuracy(POLICY, splits["test"], params.rlhf.max_new_tokens, params.sandbox)
+        sft = {**own_choice_accuracy(POLICY, splits["test"], params.rlhf.max_new_tokens, params.sandbox),
+               "test_questions": len(splits["test"])}
         mlflow.log_metric("sft_test_accuracy", sft["accuracy"])
         for routing in args.routings:
             for seed in range(args.first_seed, args.first_seed + args.seeds):

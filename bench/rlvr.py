@@ -28,9 +28,9 @@ import mlflow  # noqa: E402
 import torch  # noqa: E402
 
 from posttrain.params import ParamsError, with_overrides  # noqa: E402
-from posttrain.task.arithmetic import generate_problems  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
+from held_out import held_out_questions  # noqa: E402
 from results_files import join_results  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from stages.rlvr_ar3po import DATA, POLICY, train_rlvr  # noqa: E402
@@ -69,23 +69,6 @@ def smoothed(curve: list[dict], width: int = 3) -> list[dict]:
     one evaluation on the test split moves by a question or two of noise, a mean of three less so."""
     accs = [c["test_accuracy"] for c in curve]
     return [{**c, "test_accuracy": statistics.fmean(accs[max(0, j - width + 1):j + 1])} for j, c in enumerate(curve)]
-
-
-def held_out_questions(params, n: int, taken: list[dict]) -> list[dict]:
-    """About ``n`` more test questions of the task (``task`` params), none of them in ``taken`` (train, dev, test):
-    n // difficulties of each difficulty (so a multiple of the difficulty count gives exactly n), drawn with a seed
-    prepare never uses, so they are new draws of the same task."""
-    task, levels = params.task, range(1, params.task.max_difficulty + 1)
-    problems = generate_problems(2 * n + len(taken), params.seed + 7_919, levels, task.max_operand, task.max_value,
-                                 kind_weights=task.kind_weights)
-    seen = {r["question"] for r in taken}
-    by_level: dict[int, list] = {d: [] for d in levels}
-    for problem in problems:
-        if problem.question not in seen and len(by_level[problem.difficulty]) < n // len(levels):
-            by_level[problem.difficulty].append(problem)
-    fresh = [problem for d in levels for problem in by_level[d]]
-    return [{"id": f"heldout-{i:06d}", "question": p.question, "answer": p.answer, "difficulty": p.difficulty,
-             **p.to_fields()} for i, p in enumerate(fresh)]
 
 
 def plot(runs: list[dict], path: Path) -> None:
