@@ -162,6 +162,16 @@ def assert_nothing_lost(repo: Path, stage: str, outputs: list[str]) -> None:
     assert invalid_outputs([repo / o for o in outputs]) == []
 
 
+def swapped_in_since(model_dir: Path, start: float) -> bool:
+    """A stage's finished model directory is in place: its config.json was written after ``start``. (Not the
+    directory's own mtime: that also moves while DVC deletes the old output as the stage starts, and a kill then
+    lands before any training.)"""
+    try:
+        return (model_dir / "config.json").stat().st_mtime >= start
+    except OSError:
+        return False
+
+
 def set_params(repo: Path, section: str, **values) -> None:
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params[section].update(values)
@@ -185,8 +195,7 @@ def test_a_kill_after_the_stage_finished_but_before_dvc_recorded_it_resumes_at_t
     repo, _ = repro
     set_params(repo, "warmup", max_steps=40)
     start = time.time()
-    kill_when(["dvc", "repro", "warmup"], repo,
-              lambda: (repo / "models/warmup").exists() and (repo / "models/warmup").stat().st_mtime >= start)
+    kill_when(["dvc", "repro", "warmup"], repo, lambda: swapped_in_since(repo / "models/warmup", start))
     out = run(["dvc", "repro", "warmup"], repo)
     assert "warmup: resuming from" in out and "checkpoint-40" in out
     assert_nothing_lost(repo, "warmup", ["models/warmup"])
@@ -219,8 +228,8 @@ def test_sft_killed_while_its_outputs_are_written_leaves_nothing_half_done(repro
     set_params(repo, "sft", learning_rate=0.002)
     start = time.time()
     kill_when(["dvc", "repro", "--single-item", "sft"], repo,
-              lambda: any((repo / o).exists() and (repo / o).stat().st_mtime >= start
-                          for o in ("models/sft", "models/planner", "models/sft_vanilla")))
+              lambda: any(swapped_in_since(repo / o, start) for o in ("models/sft", "models/planner",
+                                                                       "models/sft_vanilla")))
     run(["dvc", "repro", "--single-item", "sft"], repo)
     assert_nothing_lost(repo, "sft", ["models/sft", "models/sft_checkpoints", "models/planner", "models/sft_vanilla"])
 
