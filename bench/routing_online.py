@@ -97,14 +97,15 @@ class OracleReward(ReplayedReward):
     formula with the truth in place of estimates: the pair is decisive or not, and the right side is known, so
     it buys the verdicts that move the most advantage from wrong responses to right ones."""
 
-    def __init__(self, *args, right: dict[str, bool], **kwargs):
+    def __init__(self, *args, right: dict[tuple[str, str], bool], **kwargs):
         super().__init__(*args, **kwargs)
         self.right = right
 
-    def route_scores(self, scored, answers, responses):
+    def route_scores(self, scored, answers, questions, responses):
         out = []
-        for (s, _, _), texts in zip(scored, responses):
-            c = torch.tensor([float(self.right[t]) for t in texts])
+        for (s, _, _), question, texts in zip(scored, questions, responses):
+            # keyed by question too: one short text ("The answer is 4.") can be right for one prompt, wrong for another
+            c = torch.tensor([float(self.right[question, t]) for t in texts])
             decisive = (c[:, None] != c[None, :]).float()
             out.append(expected_gain(s, c[:, None] * (1 - c[None, :]) + 0.5 * (1 - decisive), decisive))
         return out
@@ -211,7 +212,7 @@ def run() -> None:
         scores = args.uncertainty_scores or [default_score]
         ranks = args.route_scores or [cfg.route_score]
 
-        right = {t: ok for g, oks in zip(groups, correct) for t, ok in zip(g, oks)}
+        right = {(q, t): ok for q, g, oks in zip(questions, groups, correct) for t, ok in zip(g, oks)}
 
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
                     score: str | None = None, rank: str = "uncertainty") -> tuple[dict, list]:

@@ -104,7 +104,7 @@ class RoutedPairwiseReward:
         #    criterion cannot split them. same_answer skip keeps them from the judge, tie also scores them 0.
         same = [self.cfg.same_answer != "judge" and d and answers[g][i] is not None and answers[g][i] == answers[g][j]
                 for (g, i, j), d in zip(index, distinct)]
-        rank = self.route_scores(scored, answers, responses)
+        rank = self.route_scores(scored, answers, [question[idx[0]] for idx in groups], responses)
         rank_by = torch.tensor([float(rank[g][i, j]) for g, i, j in index])
         routed = [index[k] for k in route_batch(rank_by, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
                                                 self.rng, eligible=[d and not m for d, m in zip(distinct, same)])]
@@ -148,13 +148,14 @@ class RoutedPairwiseReward:
                 log_metric(f"{key}_total", ledger[key])
         return rewards
 
-    def route_scores(self, scored: list[tuple], answers: list[list[int | None]] | None,
+    def route_scores(self, scored: list[tuple], answers: list[list[int | None]] | None, questions: list[str],
                      responses: list[list[str]]) -> list[torch.Tensor]:
         """Per group, the n x n scores uncertainty routing ranks pairs by: u_ij, or with ``route_score``
         expected_gain how far a verdict is expected to move s_ij toward the right response. Most pairs of a policy's
         samples are ties (both right, or both wrong), and a tie-trained PM scores them near 0, where u is highest,
         so u alone spends half the calls on ties; expected_gain weighs in the chance the pair is decisive at all.
-        (``responses`` is for subclasses that rank by the texts, such as bench/routing_online.py's oracle.)"""
+        (``questions`` and ``responses`` are for subclasses that rank by the texts, such as bench/routing_online.py's
+        oracle.)"""
         if self.cfg.route_score == "expected_gain":
             return [expected_gain(s, p, decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
         return [u for _, u, _ in scored]
