@@ -8,9 +8,18 @@ from pathlib import Path
 def join_results(paths: list[Path], out: Path, sft_key: str) -> tuple[dict, list[dict]]:
     """(sft, runs) of every file in ``paths``, also written to ``out``; refuses files tested on different test sets
     (``--extra-test``) or whose runs started from SFT policies of different test accuracy (``sft_key`` names that
-    record in the files), which do not compare."""
+    record in the files), which do not compare. A run found in two files (a merged file joined again with its
+    parts) is kept once, so no seed counts twice."""
     parts = [json.loads(p.read_text()) for p in paths]
-    sft, runs = parts[0][sft_key], [r for part in parts for r in part["runs"]]
+    sft, runs, seen = parts[0][sft_key], [], set()
+    for part in parts:
+        for r in part["runs"]:
+            key = json.dumps(r, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                runs.append(r)
+    if dropped := sum(len(part["runs"]) for part in parts) - len(runs):
+        print(f"merge: {dropped} run(s) found in more than one file, kept once")
     for p, part in zip(paths, parts):
         sizes = part[sft_key].get("test_questions"), sft.get("test_questions")  # older files did not record it
         if all(sizes) and sizes[0] != sizes[1]:  # --extra-test: another test set
