@@ -11,13 +11,8 @@ def join_results(paths: list[Path], out: Path, sft_key: str) -> tuple[dict, list
     record in the files), which do not compare. A run found in two files (a merged file joined again with its
     parts) is kept once, so no seed counts twice."""
     parts = [json.loads(p.read_text()) for p in paths]
-    sft, runs, seen = parts[0][sft_key], [], set()
-    for part in parts:
-        for r in part["runs"]:
-            key = json.dumps(r, sort_keys=True)
-            if key not in seen:
-                seen.add(key)
-                runs.append(r)
+    sft = parts[0][sft_key]
+    runs = list({json.dumps(r, sort_keys=True): r for part in parts for r in part["runs"]}.values())
     if dropped := sum(len(part["runs"]) for part in parts) - len(runs):
         print(f"merge: {dropped} run(s) found in more than one file, kept once")
     for p, part in zip(paths, parts):

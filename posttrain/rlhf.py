@@ -89,8 +89,9 @@ class RoutedPairwiseReward:
             groups[p].append(k)
         groups = list(groups.values())
         responses = [[completions[k] for k in idx] for idx in groups]
+        questions = [question[idx[0]] for idx in groups]
         # 1. every group's pairs scored by the PM
-        scored = [self.score_group(question[idx[0]], resp) for idx, resp in zip(groups, responses)]
+        scored = [self.score_group(q, resp) for q, resp in zip(questions, responses)]
         # 2. routing over the whole step's pairs, so a budget is budget x the step's pairs (per prompt, 10% of
         #    6 pairs would round to 1 in 6) and the judge goes to the most uncertain pairs wherever they are.
         #    A pair of identical responses is a tie by construction: its antisymmetrised PM logit is 0, which the
@@ -104,12 +105,12 @@ class RoutedPairwiseReward:
         #    criterion cannot split them. same_answer skip keeps them from the judge, tie also scores them 0.
         same = [self.cfg.same_answer != "judge" and d and answers[g][i] is not None and answers[g][i] == answers[g][j]
                 for (g, i, j), d in zip(index, distinct)]
-        rank = self.route_scores(scored, answers, [question[idx[0]] for idx in groups], responses)
+        rank = self.route_scores(scored, answers, questions, responses)
         rank_by = torch.tensor([float(rank[g][i, j]) for g, i, j in index])
         routed = [index[k] for k in route_batch(rank_by, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
                                                 self.rng, eligible=[d and not m for d, m in zip(distinct, same)])]
         # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
-        verdicts = self.judge.judge([(question[groups[g][0]], responses[g][i], responses[g][j])
+        verdicts = self.judge.judge([(questions[g], responses[g][i], responses[g][j])
                                      for g, i, j in routed]) if routed else []
         judged: dict[int, dict] = defaultdict(dict)
         ties = overruled = 0  # what the calls bought: a tie, or the side the PM scored lower
