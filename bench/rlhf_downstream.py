@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import torch  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
@@ -97,6 +98,30 @@ def summarize(sft: dict, runs: list[dict]) -> None:
               f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
               f"{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
               f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
+    compare_paired(runs)
+
+
+def compare_paired(runs: list[dict]) -> None:
+    """The first variant against each other one on the seeds both ran: the per-seed differences of test accuracy
+    (same seed = same prompts drawn and the same sampling RNG, so pairing removes much of the seed's noise), how
+    many favour the first, and a paired t-test's two-sided p-value."""
+    groups = list(by_variant(runs).items())
+    if len(groups) < 2:
+        return
+    first, rs = groups[0]
+    mine = {r["seed"]: r["test_accuracy"] for r in rs}
+    print(f"\npaired by seed, {first} minus:")
+    for name, others in groups[1:]:
+        theirs = {r["seed"]: r["test_accuracy"] for r in others}
+        seeds = sorted(mine.keys() & theirs.keys())
+        if len(seeds) < 2:
+            print(f"  {name:52} fewer than 2 shared seeds")
+            continue
+        diffs = [mine[s] - theirs[s] for s in seeds]
+        p = stats.ttest_rel([mine[s] for s in seeds], [theirs[s] for s in seeds]).pvalue
+        print(f"  {name:52} {statistics.mean(diffs):+.3f} over {len(seeds)} seeds, ahead on "
+              f"{sum(d > 0 for d in diffs)}, paired t-test p = {p:.3f} (differences: "
+              f"{', '.join(f'{d:+.3f}' for d in diffs)})")
 
 
 def plot(sft: dict, runs: list[dict], out: Path) -> None:
