@@ -59,6 +59,17 @@ def test_happy_path_both_orders_and_cache(service, tmp_path):
     assert again.ledger.calls == 0 and again.ledger.cache_hits == 8
 
 
+def test_a_comparison_asked_twice_in_one_batch_is_paid_once(service, tmp_path):
+    # concurrent copies of one prompt would all miss the cache (the service's latency keeps them in flight together)
+    svc = service(latency_s=0.1)
+    client = JudgeClient(cfg(both_orders=True, concurrency=4), svc.base_url, cache=JudgeCache(tmp_path / "c.sqlite"))
+    ts = triples(2)
+    assert client.judge([ts[0], ts[1], ts[0], ts[0]]) == ["A"] * 4
+    assert client.ledger.calls == 4 and client.ledger.cache_hits == 4
+    uncached = JudgeClient(cfg(concurrency=4), svc.base_url)  # without a cache too
+    assert uncached.judge([ts[1]] * 3) == ["A"] * 3 and uncached.ledger.calls == 1
+
+
 @pytest.mark.parametrize("fault,kind", [("http_500", "http_500"), ("malformed_json", "malformed_body"),
                                         ("truncated_json", "malformed_body"), ("no_verdict", "no_verdict"),
                                         ("http_429", "rate_limited"), ("connection_reset", "connection")])
