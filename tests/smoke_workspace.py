@@ -31,7 +31,12 @@ def smoke_repo(tmp: Path) -> Path:
     return clone_workspace(ROOT, tmp / "repo", profile="configs/params.smoke.yaml")
 
 
-def run(cmd: list[str], repo: Path, timeout: int = 900) -> str:
+# A guard against a hang, not a speed target: the whole smoke pipeline takes a few minutes alone, but beside another
+# training job on a 2-core machine without AVX-512 it took 10 and once passed 15.
+HANG_GUARD_S = 1800
+
+
+def run(cmd: list[str], repo: Path, timeout: int = HANG_GUARD_S) -> str:
     proc = subprocess.run(cmd, cwd=repo, env=smoke_env(repo.parent), capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from posttrain.workspace import damaged_cache_objects, invalid_outputs, run_and_kill
-from smoke_workspace import SECRET, STAGES, mlflow_runs, run, smoke_env, smoke_repo
+from smoke_workspace import HANG_GUARD_S, SECRET, STAGES, mlflow_runs, run, smoke_env, smoke_repo
 
 pytestmark = pytest.mark.e2e
 
@@ -316,7 +316,7 @@ def test_a_second_pipeline_run_fails_fast_on_dvc_lock_and_spoils_nothing(repro):
     second = subprocess.run(["dvc", "repro"], cwd=repo, env=smoke_env(repo.parent), capture_output=True, text=True,
                             timeout=120)
     waited = time.perf_counter() - start
-    out_first = "".join(seen) + first.communicate(timeout=900)[0]
+    out_first = "".join(seen) + first.communicate(timeout=HANG_GUARD_S)[0]
     said = second.stdout + second.stderr
     # DVC's repository lock, or (while a stage runs) its read/write lock on the outputs in use
     assert second.returncode != 0 and ("Unable to acquire lock" in said or "is busy, it is being blocked by" in said)
