@@ -206,16 +206,18 @@ class JudgeClient:
             jobs += [judge_messages(q, b, a, self.cfg.criteria) for q, a, b in triples]
         # One prompt is asked once per batch: a group often holds one response twice, so (i, j) and (k, j) can be
         # the same comparison. Asked concurrently, both copies would miss the cache and both be paid, and how many
-        # raced would change the bill from run to run. A copy's answer counts as a cache hit.
+        # raced would change the bill from run to run. A copy counts as a cache hit when its prompt got an answer
+        # (a failed request is one failure in the ledger; its copies were served nothing).
         keys = [JudgeCache.key(self.cfg.model, m) for m in jobs]
         first: dict[str, int] = {}
         for i, key in enumerate(keys):
             first.setdefault(key, i)
         with ThreadPoolExecutor(self.cfg.concurrency) as pool:
             asked = dict(zip(first, pool.map(self.ask, [jobs[i] for i in first.values()])))
-        with self.ledger.lock:
-            self.ledger.cache_hits += len(jobs) - len(first)
         answers = [asked[key] for key in keys]
+        served_copies = sum(a is not None for a in answers) - sum(a is not None for a in asked.values())
+        with self.ledger.lock:
+            self.ledger.cache_hits += served_copies
         if not self.cfg.both_orders:
             return answers
         n = len(triples)

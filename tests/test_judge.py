@@ -70,6 +70,14 @@ def test_a_comparison_asked_twice_in_one_batch_is_paid_once(service, tmp_path):
     assert uncached.judge([ts[1]] * 3) == ["A"] * 3 and uncached.ledger.calls == 1
 
 
+def test_copies_of_a_failed_prompt_are_not_counted_as_cache_hits(service):
+    svc = service(faults={"http_500": 1.0})
+    client = JudgeClient(cfg(max_retries=1, concurrency=4), svc.base_url)
+    assert client.judge(triples(1) * 3) == [None] * 3
+    # one request, one failure, and nothing served to its two copies
+    assert client.ledger.failures == {"http_500": 1} and client.ledger.cache_hits == 0
+
+
 @pytest.mark.parametrize("fault,kind", [("http_500", "http_500"), ("malformed_json", "malformed_body"),
                                         ("truncated_json", "malformed_body"), ("no_verdict", "no_verdict"),
                                         ("http_429", "rate_limited"), ("connection_reset", "connection")])
