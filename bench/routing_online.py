@@ -19,11 +19,13 @@ truth for its estimates) marks the ceiling any routing score can reach at each b
 
 Each is replayed under every ``rlhf.same_answer`` asked for (judge: pairs with the same final answer are routed
 like any other; skip: never routed; tie: scored 0 without a call), and uncertainty routing under every
-``train_rm.uncertainty_score`` and ``rlhf.route_score`` asked for.
+``train_rm.uncertainty_score`` and ``rlhf.route_score`` asked for; budget policies under every ``rlhf.route_unit``
+asked for (pair: a budget is a share of the pairs; comparison: of the distinct comparisons, the calls paid).
+The x axis is always the calls paid (distinct comparisons judged) as a share of judge_only's.
 
     python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1]
                                     [--same-answer judge skip tie] [--uncertainty-scores predictive variance]
-                                    [--route-scores uncertainty expected_gain]
+                                    [--route-scores uncertainty expected_gain] [--route-units pair comparison]
 
 Run after `dvc repro` (needs models/sft, models/rm). Prints a table, writes reports/bench/routing_online.json and
 the plot beside it (.png), logs to MLflow; nothing is asserted.
@@ -154,8 +156,8 @@ def correlation(a: list[list[float]], b: list[list[float]]) -> float:
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    """Separation gap closed and overrule share against the judge calls paid (a share of judge_only's), per routing
-    policy and same_answer (mean and sd over seeds)."""
+    """Separation gap closed and overrule share against the judge calls paid (distinct comparisons judged, a share
+    of judge_only's), per routing policy and same_answer (mean and sd over seeds)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     lines = list(dict.fromkeys((r["policy"], r["same_answer"]) for r in rows))
     for ax, key, label in ((axes[0], "gap_closed", "share of the rm_only -> judge_only separation gap closed"),
@@ -169,7 +171,7 @@ def plot(rows: list[dict], out: Path) -> None:
                         [statistics.mean(v) for v in vals],
                         yerr=[statistics.pstdev(v) for v in vals], marker="o", capsize=3, color=f"C{k}",
                         label=f"{policy}, same answer: {same}")
-        ax.set_xlabel("judge calls (% of judge_only's)")
+        ax.set_xlabel("judge calls paid (distinct comparisons, % of judge_only's)")
         ax.set_ylabel(label, fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle("Routing on the SFT policy's own samples")
@@ -191,6 +193,8 @@ def run() -> None:
                     help="scores to rank pairs by for uncertainty routing (default: train_rm.uncertainty_score)")
     ap.add_argument("--route-scores", nargs="+", choices=["uncertainty", "expected_gain"], default=None,
                     help="rlhf.route_score settings for uncertainty routing (default: rlhf.route_score)")
+    ap.add_argument("--route-units", nargs="+", choices=["pair", "comparison"], default=None,
+                    help="rlhf.route_unit settings for budget policies (default: rlhf.route_unit)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -211,12 +215,14 @@ def run() -> None:
         default_score = pm.pm.uncertainty_score
         scores = args.uncertainty_scores or [default_score]
         ranks = args.route_scores or [cfg.route_score]
+        units = args.route_units or [cfg.route_unit]
 
         right = {(q, t): ok for q, g, oks in zip(questions, groups, correct) for t, ok in zip(g, oks)}
 
         def measure(policy: str, budget: float = 0.0, seed: int = 0, same: str = "judge",
-                    score: str | None = None, rank: str = "uncertainty") -> tuple[dict, list]:
-            update = {"routing": policy, "budget": budget, "same_answer": same, "route_score": rank}
+                    score: str | None = None, rank: str = "uncertainty", unit: str = "pair") -> tuple[dict, list]:
+            update = {"routing": policy, "budget": budget, "same_answer": same, "route_score": rank,
+                      "route_unit": unit}
             pm.pm.uncertainty_score = score or default_score
             config = cfg.model_copy(update=update)
             reward = (OracleReward(pm, client, config, seed, answers=answers, right=right) if rank == "oracle" else
@@ -224,7 +230,8 @@ def run() -> None:
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
             name = "oracle (right answers known)" if rank == "oracle" else policy + (
                 f" ({score})" if score and len(scores) > 1 else "") + (f" by {rank}" if rank != "uncertainty" else "")
-            return {"policy": name, "budget": budget, "seed": seed, "same_answer": same,
+            name += ", per call" if unit == "comparison" else ""
+            return {"policy": name, "budget": budget, "seed": seed, "same_answer": same, "route_unit": unit,
                     "verdicts": reward.totals["judge_verdicts"], "separation": separation(adv, correct),
                     **reward.summary()}, adv
 
@@ -236,20 +243,23 @@ def run() -> None:
                 rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
             ranked = [("uncertainty_budget", s, r) for s in scores for r in ranks]
             ceiling = [("uncertainty_budget", None, "oracle")] if same == "judge" else []
-            for policy, score, rank in ranked + ceiling + [("random", None, "uncertainty")]:
-                for budget in args.budgets:
-                    for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
-                        row, adv = measure(policy, budget, seed, same, score, rank)
-                        rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
+            for unit in units:
+                for policy, score, rank in ranked + ceiling + [("random", None, "uncertainty")]:
+                    for budget in args.budgets:
+                        for seed in range(1 if policy == "uncertainty_budget" else args.seeds):
+                            row, adv = measure(policy, budget, seed, same, score, rank, unit)
+                            rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
         rm_row = next(r for r in rows if r["policy"] == "rm_only" and r["same_answer"] == "judge")
         gap = judge_row["separation"] - rm_row["separation"]
         for row in rows:
             row["gap_closed"] = (row["separation"] - rm_row["separation"]) / gap if gap else None
-            row["call_share"] = row["verdicts"] / max(judge_row["verdicts"], 1)  # of judge_only's calls
+            # the bill: distinct comparisons judged (copies of one are one call), a share of judge_only's
+            row["call_share"] = row["judged_comparisons"] / max(judge_row["judged_comparisons"], 1)
+            row["pair_share"] = row["verdicts"] / max(judge_row["verdicts"], 1)
         decisive = judge_row["verdicts"] * (1 - judge_row["judge_tie_share"])
         facts = {"prompts": len(groups), "responses_right": sum(map(sum, correct)) / sum(map(len, correct)),
                  "mixed_prompts": sum(any(c) and not all(c) for c in correct) / len(correct),
-                 "judgeable_pairs": judge_row["verdicts"],
+                 "judgeable_pairs": judge_row["verdicts"], "judge_only_calls": judge_row["judged_comparisons"],
                  "judge_tie_share_of_judgeable": judge_row["judge_tie_share"],
                  "pm_accuracy_on_decisive": 1 - judge_row["verdicts"] * judge_row["judge_overrule_share"] / decisive}
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -264,20 +274,22 @@ def run() -> None:
 
 def summarize(facts: dict, rows: list[dict]) -> None:
     print(f"\n{facts['prompts']} prompts: {facts['responses_right']:.3f} of samples right, "
-          f"{facts['mixed_prompts']:.3f} of prompts mixed; {facts['judgeable_pairs']:.0f} judgeable pairs, "
+          f"{facts['mixed_prompts']:.3f} of prompts mixed; {facts['judgeable_pairs']:.0f} judgeable pairs "
+          f"({facts['judge_only_calls']:.0f} distinct comparisons, the calls judge_only pays), "
           f"{facts['judge_tie_share_of_judgeable']:.3f} of them ties; PM accuracy on the decisive ones "
           f"{facts['pm_accuracy_on_decisive']:.3f}")
-    print(f"{'policy':34}{'same answer':>12}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}"
-          f"{'corr w/ judge':>14}{'overruled':>10}{'ties':>7}{'calls %':>8}")
+    print(f"{'policy':46}{'same answer':>12}{'budget':>7}{'seeds':>6}{'separation':>11}{'gap closed':>11}"
+          f"{'corr w/ judge':>14}{'overruled':>10}{'ties':>7}{'pairs %':>8}{'calls %':>8}")
     keys = dict.fromkeys((r["policy"], r["same_answer"], r["budget"]) for r in rows)
     for policy, same, budget in keys:
         rs = [r for r in rows if (r["policy"], r["same_answer"], r["budget"]) == (policy, same, budget)]
         def mean(key):
             return statistics.mean(r[key] for r in rs)
         corr = mean("correlation_with_judge_only") if "correlation_with_judge_only" in rs[0] else 1.0
-        print(f"{policy:34}{same:>12}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}"
+        print(f"{policy:46}{same:>12}{budget:7.2f}{len(rs):6d}{mean('separation'):11.3f}{mean('gap_closed'):11.3f}"
               f"{corr:14.3f}"
-              f"{mean('judge_overrule_share'):10.3f}{mean('judge_tie_share'):7.3f}{100 * mean('call_share'):8.1f}")
+              f"{mean('judge_overrule_share'):10.3f}{mean('judge_tie_share'):7.3f}{100 * mean('pair_share'):8.1f}"
+              f"{100 * mean('call_share'):8.1f}")
 
 
 if __name__ == "__main__":

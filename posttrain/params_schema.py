@@ -258,6 +258,10 @@ class RlhfParams(OnlinePolicyParams):
                     "or how far a verdict is expected to raise s_ij toward the right response (expected_gain: from "
                     "the PM's calibrated probability, times the chance the pair is decisive, from the agreement of "
                     "the prompt's responses' final answers)")
+    route_unit: Literal["pair", "comparison"] = Field(
+        description="what a budget counts and the policy picks: pairs (METHODS.md), or distinct comparisons (a group "
+                    "holding one response twice has several pairs that are one judge call; a budget is then a share "
+                    "of the calls judge_only pays, and a comparison ranks by the sum of its copies' scores)")
     advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
     n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
     pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")

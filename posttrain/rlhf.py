@@ -59,6 +59,29 @@ def final_answers(responses: list[str], limits: SandboxLimits = SandboxLimits(),
     return [row["predicted"] for row in rows]
 
 
+def comparison_key(a: str, b: str, group: int) -> tuple[int, str, str]:
+    """What the judge is asked about a pair, whichever order the pair holds it in."""
+    return (group, *sorted((a, b)))
+
+
+def oriented(asked: dict[tuple, tuple[str, str, str]], answer: dict[tuple, str | None], a: str, b: str,
+             group: int) -> str | None:
+    """The verdict on (a, b) from the one asked about its comparison: 'A' and 'B' swap where it was asked the
+    other way round."""
+    key = comparison_key(a, b, group)
+    verdict = answer[key]
+    return verdict if (a, b) == asked[key][1:] or verdict in (None, "tie") else {"A": "B", "B": "A"}[verdict]
+
+
+def comparisons(index: list[tuple[int, int, int]], responses: list[list[str]], eligible: list[bool]) -> list[list[int]]:
+    """The distinct comparisons among the eligible pairs: per comparison, the indices of its copies in ``index``."""
+    copies: dict[tuple, list[int]] = defaultdict(list)
+    for k, ((g, i, j), ok) in enumerate(zip(index, eligible)):
+        if ok:
+            copies[comparison_key(responses[g][i], responses[g][j], g)].append(k)
+    return list(copies.values())
+
+
 class RoutedPairwiseReward:
     """A GRPO reward function: pairwise PM preferences, judge verdicts on the routed pairs, RLOO-style sums."""
 
@@ -107,11 +130,23 @@ class RoutedPairwiseReward:
                 for (g, i, j), d in zip(index, distinct)]
         rank = self.route_scores(scored, answers, questions, responses)
         rank_by = torch.tensor([float(rank[g][i, j]) for g, i, j in index])
-        routed = [index[k] for k in route_batch(rank_by, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
-                                                self.rng, eligible=[d and not m for d, m in zip(distinct, same)])]
-        # 3. one judge batch for the step; a failed verdict (None) keeps the PM's s_ij
-        verdicts = self.judge.judge([(questions[g], responses[g][i], responses[g][j])
-                                     for g, i, j in routed]) if routed else []
+        eligible = [d and not m for d, m in zip(distinct, same)]
+        #    A group often holds one response twice, so pairs (i, j) and (k, j) can be one comparison: the judge is
+        #    paid once for it and its verdict serves every copy.
+        copies = comparisons(index, responses, eligible)
+        if self.cfg.route_unit == "comparison":
+            routed = self.route_comparisons(index, copies, rank_by)
+        else:
+            routed = [index[k] for k in route_batch(rank_by, self.cfg.routing, self.cfg.threshold, self.cfg.budget,
+                                                    self.rng, eligible=eligible)]
+        # 3. one judge request per routed comparison (in its first copy's order); a failed verdict (None) keeps
+        #    the PM's s_ij
+        asks: dict[tuple, tuple[str, str, str]] = {}
+        for g, i, j in routed:
+            asks.setdefault(comparison_key(responses[g][i], responses[g][j], g),
+                            (questions[g], responses[g][i], responses[g][j]))
+        answer = dict(zip(asks, self.judge.judge(list(asks.values())))) if asks else {}
+        verdicts = [oriented(asks, answer, responses[g][i], responses[g][j], g) for g, i, j in routed]
         judged: dict[int, dict] = defaultdict(dict)
         ties = overruled = 0  # what the calls bought: a tie, or the side the PM scored lower
         for (g, i, j), v in zip(routed, verdicts):
@@ -133,12 +168,14 @@ class RoutedPairwiseReward:
                 rewards[k] = a
         step = {"pairs": len(index), "routed": len(routed), "identical_pairs": len(index) - sum(distinct),
                 "judge_failures": len(routed) - verdict_count, "judge_verdicts": verdict_count,
-                "judge_ties": ties, "judge_overruled": overruled, "same_answer_pairs": sum(same)}
+                "judge_ties": ties, "judge_overruled": overruled, "same_answer_pairs": sum(same),
+                "comparisons": len(copies), "judged_comparisons": len(asks)}
         for key, v in step.items():
             self.totals[key] += v
         if log_metric is not None:
             ledger = self.judge.ledger.as_metrics("judge/")
             log_metric("routing/routed_fraction", step["routed"] / max(step["pairs"], 1))
+            log_metric("routing/judged_comparison_share", step["judged_comparisons"] / max(step["comparisons"], 1))
             log_metric("routing/judge_failures", step["judge_failures"])
             log_metric("routing/identical_share", step["identical_pairs"] / max(step["pairs"], 1))
             log_metric("routing/same_answer_share", step["same_answer_pairs"] / max(step["pairs"], 1))
@@ -148,6 +185,18 @@ class RoutedPairwiseReward:
             for key in ("judge/calls", "judge/cost", "judge/cache_hits", "judge/failures"):
                 log_metric(f"{key}_total", ledger[key])
         return rewards
+
+    def route_comparisons(self, index: list[tuple[int, int, int]], copies: list[list[int]],
+                          rank_by: torch.Tensor) -> list[tuple[int, int, int]]:
+        """``route_unit`` comparison: the policy picks among the step's distinct comparisons (``copies``: each
+        one's pairs, indices into ``index``), so a budget is a share of the calls judge_only pays, and a verdict
+        bought serves all of a comparison's copies. Budget policies rank a comparison by the sum of its copies'
+        scores (with expected_gain, what the one call is expected to move in all); the threshold applies to one
+        copy's score. Returns every copy of the comparisons picked."""
+        by = max if self.cfg.routing == "uncertainty" else sum
+        score = torch.tensor([by(float(rank_by[k]) for k in ks) for ks in copies])
+        chosen = route_batch(score, self.cfg.routing, self.cfg.threshold, self.cfg.budget, self.rng)
+        return sorted(index[k] for c in chosen for k in copies[c])
 
     def route_scores(self, scored: list[tuple], answers: list[list[int | None]] | None, questions: list[str],
                      responses: list[list[str]]) -> list[torch.Tensor]:
@@ -178,6 +227,8 @@ class RoutedPairwiseReward:
         the share that were ties and that overruled the PM."""
         t, verdicts = self.totals, max(self.totals["judge_verdicts"], 1)
         return {"routed_fraction": t["routed"] / max(t["pairs"], 1),
+                "judged_comparison_share": t["judged_comparisons"] / max(t["comparisons"], 1),
+                "judged_comparisons": t["judged_comparisons"],
                 "identical_pair_share": t["identical_pairs"] / max(t["pairs"], 1),
                 "same_answer_share": t["same_answer_pairs"] / max(t["pairs"], 1),
                 "judge_failures": t["judge_failures"], "judge_tie_share": t["judge_ties"] / verdicts,

@@ -343,6 +343,60 @@ def test_pairs_of_identical_responses_never_reach_the_judge():
     assert judge.asked == [("q", "aa right", "aaaaaaa")]
 
 
+def test_copies_of_a_comparison_are_asked_once_and_each_gets_the_verdict_in_its_own_order():
+    """Responses 0 and 2 are one text, so (0, 1) and (1, 2) are one comparison held in opposite orders, as are (0, 3)
+    and (2, 3): 5 judgeable pairs, 3 judge calls. Each copy takes the verdict in its own order (the stub judge
+    prefers the response ending in 'right'): s_01 = +2, s_12 = -2 (not +2, as the unflipped verdict would say),
+    s_03 = s_23 = +2, s_13 = -2 (lengths 1 and 4: 'aaaa'), s_02 = 0 (one text)."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    responses = ["aa right", "a", "aa right", "aaaa"]
+    base = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"route_score": "uncertainty"})
+    for unit in ("pair", "comparison"):
+        judge = StubJudge()
+        reward = RoutedPairwiseReward(StubPM(), judge, base.model_copy(update={"routing": "judge_only",
+                                                                                "route_unit": unit}), seed=0)
+        rewards = reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+        assert sorted((a, b) for _, a, b in judge.asked) == [("a", "aaaa"), ("aa right", "a"), ("aa right", "aaaa")]
+        assert rewards == pytest.approx([4 / 3, -2, 4 / 3, -2 / 3])  # scale / (n - 1) * row sums of s
+        assert reward.totals["routed"] == 5 and reward.summary()["judged_comparisons"] == 3
+
+
+def test_a_comparison_budget_counts_judge_calls_and_ranks_by_all_copies():
+    """Same responses; scored by u (stub PM: closer lengths, more uncertain): (1, 3) |1 - 4| is the most uncertain
+    pair, but ('aa right', 'aaaa') |8 - 4| has two copies, so one call on it buys two verdicts. A third of the 3
+    comparisons is 1 call; route_unit pair spends its 1 pair (a fifth of 5) on (1, 3)."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    responses = ["aa right", "a", "aa right", "aaaa"]
+    base = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={
+        "route_score": "uncertainty", "routing": "uncertainty_budget"})
+    asked, rewards = {}, {}
+    for unit, budget in (("pair", 0.2), ("comparison", 1 / 3)):
+        judge = StubJudge()
+        reward = RoutedPairwiseReward(StubPM(), judge, base.model_copy(update={"route_unit": unit, "budget": budget}),
+                                      seed=0)
+        rewards[unit] = reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+        asked[unit] = judge.asked
+        summary = reward.summary()
+        assert summary["judged_comparisons"] == 1 and summary["judged_comparison_share"] == pytest.approx(1 / 3)
+    assert asked["pair"] == [("q", "a", "aaaa")]
+    assert asked["comparison"] == [("q", "aa right", "aaaa")]
+    rm_only = RoutedPairwiseReward(StubPM(), StubJudge(), base.model_copy(update={"routing": "rm_only"}), 0)(
+        prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+    # both copies moved from the PM's s = 8 - 4 = +4 to the verdict's +2: A_3 rises by 2 x 2 / 3, A_0 and A_2 fall
+    assert rewards["comparison"][3] - rm_only[3] == pytest.approx(4 / 3)
+    assert rewards["comparison"][0] - rm_only[0] == pytest.approx(-2 / 3) == rewards["comparison"][2] - rm_only[2]
+    # a threshold applies to one copy's score: comparisons route the same pairs as pairs do
+    for unit in ("pair", "comparison"):
+        judge = StubJudge()
+        RoutedPairwiseReward(StubPM(), judge, base.model_copy(update={
+            "routing": "uncertainty", "threshold": 1.6, "route_unit": unit}), seed=0)(
+            prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+        asked[unit] = judge.asked
+    assert asked["pair"] == asked["comparison"] == [("q", "aa right", "aaaa"), ("q", "a", "aaaa")]
+
+
 def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
     from types import SimpleNamespace
 
