@@ -4,7 +4,8 @@ test accuracy of each resulting policy and what its judge cost.
 
     python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
                                      [--budget B] [--same-answer judge|skip|tie]
-                                     [--route-score uncertainty|expected_gain] [--extra-test 960]
+                                     [--route-score uncertainty|expected_gain] [--route-unit pair|comparison]
+                                     [--extra-test 960]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -51,8 +52,11 @@ def variant(run: dict) -> str:
     where it is not ``judge``. Files written before the budget was recorded ran at 0.1, the params default then;
     before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
     of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``, before
-    ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads)."""
+    ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads); before ``route_unit`` was,
+    ``pair``."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    if run["routing"] in BUDGETED and run.get("route_unit", "pair") == "comparison":
+        suffix = f", per call{suffix}"
     if run["routing"] == "uncertainty_budget" and run.get("route_score", "uncertainty") != "uncertainty":
         suffix = f" by {run['route_score']}{suffix}"
     if run["routing"] not in BUDGETED:
@@ -82,7 +86,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
                                      seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
     return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "same_answer": cfg.same_answer,
-            "route_score": cfg.route_score, "seed": seed,
+            "route_score": cfg.route_score, "route_unit": cfg.route_unit, "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             **reward.summary(), "judge_calls": ledger.calls, "judge_cost": ledger.cost,
@@ -154,6 +158,8 @@ def run() -> None:
                     help="pairs whose final answers agree: judge, skip or tie (default: rlhf.same_answer)")
     ap.add_argument("--route-score", choices=["uncertainty", "expected_gain"], default=None,
                     help="what uncertainty routing ranks pairs by (default: rlhf.route_score)")
+    ap.add_argument("--route-unit", choices=["pair", "comparison"], default=None,
+                    help="what a budget counts: pairs or distinct comparisons (calls) (default: rlhf.route_unit)")
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions of the task to the test split (a multiple of the "
                          "difficulty count; none of them in train, dev or test), for less noise per evaluation")
@@ -175,7 +181,7 @@ def run() -> None:
         torch.set_num_threads(args.threads)
     try:  # validated as params.yaml is: --budget 10 (meant as percent) stops here, naming rlhf.budget
         overrides = {"rlhf.budget": args.budget, "rlhf.same_answer": args.same_answer,
-                     "rlhf.route_score": args.route_score}
+                     "rlhf.route_score": args.route_score, "rlhf.route_unit": args.route_unit}
         params = with_overrides("params.yaml", {k: v for k, v in overrides.items() if v is not None}, out=None)
     except ParamsError as e:
         ap.error(str(e))
