@@ -160,16 +160,21 @@ def plot(rows: list[dict], out: Path) -> None:
     of judge_only's), per routing policy and same_answer (mean and sd over seeds)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     lines = list(dict.fromkeys((r["policy"], r["same_answer"]) for r in rows))
+    # one colour per policy and same_answer; dashed: budgets in pairs, where comparisons are shown beside them
+    colours = {key: f"C{k}" for k, key in enumerate(dict.fromkeys((p.removesuffix(", per call"), s) for p, s in lines))}
+    both_units = len({r.get("route_unit", "pair") for r in rows}) > 1
     for ax, key, label in ((axes[0], "gap_closed", "share of the rm_only -> judge_only separation gap closed"),
                            (axes[1], "judge_overrule_share", "share of verdicts that overruled the PM")):
-        for k, (policy, same) in enumerate(lines):
+        for policy, same in lines:
+            dashed = both_units and not policy.endswith(", per call")
             budgets = sorted({r["budget"] for r in rows if (r["policy"], r["same_answer"]) == (policy, same)})
             points = [[r for r in rows if (r["policy"], r["same_answer"], r["budget"]) == (policy, same, b)]
                       for b in budgets]
             vals = [[r[key] for r in rs] for rs in points]
             ax.errorbar([100 * statistics.mean(r["call_share"] for r in rs) for rs in points],
                         [statistics.mean(v) for v in vals],
-                        yerr=[statistics.pstdev(v) for v in vals], marker="o", capsize=3, color=f"C{k}",
+                        yerr=[statistics.pstdev(v) for v in vals], marker="o", capsize=3,
+                        color=colours[policy.removesuffix(", per call"), same], linestyle="--" if dashed else "-",
                         label=f"{policy}, same answer: {same}")
         ax.set_xlabel("judge calls paid (distinct comparisons, % of judge_only's)")
         ax.set_ylabel(label, fontsize=9)
