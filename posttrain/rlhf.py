@@ -9,8 +9,9 @@ function. For a step's batch of prompt groups it:
    judge_only) over all the step's pairs at once (a budget is budget x the step's pairs; pairs of identical
    responses, ties by construction, are never sent; with ``rlhf.same_answer`` skip or tie, neither are pairs whose
    final answers agree, and tie scores them 0; with ``rlhf.route_score`` expected_gain, uncertainty routing ranks
-   pairs by how far the verdict is expected to move s_ij where it can split a right response from a wrong one),
-   and overwrites their s_ij by the verdict (+2 / -2 / 0);
+   pairs by how far the verdict is expected to move s_ij where it can split a right response from a wrong one;
+   with ``rlhf.route_unit`` comparison, a budget counts distinct comparisons, the calls paid), asks the judge once
+   per comparison and overwrites the s_ij of every copy by the verdict in its own order (+2 / -2 / 0);
    a failed judge call keeps the PM's; per step MLflow gets the share of verdicts that were ties and that
    overruled the PM (chose the response it scored lower): what the judge's calls changed;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
