@@ -23,7 +23,7 @@ like any other; skip: never routed; tie: scored 0 without a call), and uncertain
 asked for (pair: a budget is a share of the pairs; comparison: of the distinct comparisons, the calls paid).
 The x axis is always the calls paid (distinct comparisons judged) as a share of judge_only's.
 
-    python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1]
+    python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1] [--pm DIR]
                                     [--same-answer judge skip tie] [--uncertainty-scores predictive variance]
                                     [--route-scores uncertainty expected_gain] [--route-units pair comparison]
 
@@ -201,6 +201,7 @@ def run() -> None:
     ap.add_argument("--route-units", nargs="+", choices=["pair", "comparison"], default=None,
                     help="rlhf.route_unit settings for budget policies (default: rlhf.route_unit)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
+    ap.add_argument("--pm", default=PM_DIR, help="the PM to route with (e.g. one bench/preference.py --save-dir kept)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     if args.threads:
@@ -214,7 +215,7 @@ def run() -> None:
             judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url, \
             closing(JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))) as client:
         groups, correct, answers = sample_groups(params, records, args.sample_seed)
-        pm = ScoredOnce(PreferenceModel.from_pretrained(PM_DIR))
+        pm = ScoredOnce(PreferenceModel.from_pretrained(args.pm))
         pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
                  cfg.pm_batch_size)
         default_score = pm.pm.uncertainty_score
@@ -262,7 +263,8 @@ def run() -> None:
             row["call_share"] = row["judged_comparisons"] / max(judge_row["judged_comparisons"], 1)
             row["pair_share"] = row["verdicts"] / max(judge_row["verdicts"], 1)
         decisive = judge_row["verdicts"] * (1 - judge_row["judge_tie_share"])
-        facts = {"prompts": len(groups), "responses_right": sum(map(sum, correct)) / sum(map(len, correct)),
+        facts = {"pm": str(args.pm), "prompts": len(groups),
+                 "responses_right": sum(map(sum, correct)) / sum(map(len, correct)),
                  "mixed_prompts": sum(any(c) and not all(c) for c in correct) / len(correct),
                  "judgeable_pairs": judge_row["verdicts"], "judge_only_calls": judge_row["judged_comparisons"],
                  "judge_tie_share_of_judgeable": judge_row["judge_tie_share"],
@@ -271,7 +273,7 @@ def run() -> None:
         args.out.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
         plot([r for r in rows if r["policy"].startswith(("uncertainty_budget", "random", "oracle"))],
              args.out.with_suffix(".png"))
-        mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items()})
+        mlflow.log_metrics({f"facts.{k}": v for k, v in facts.items() if k != "pm"})
         mlflow.log_artifact(str(args.out))
         mlflow.log_artifact(str(args.out.with_suffix(".png")))
     summarize(facts, rows)
