@@ -8,6 +8,7 @@ share of the PM -> judge gap closed at 10%, random routing's over 5 seeds beside
     python3 bench/preference.py --variant tie_share=0,max_steps=800      # retrains with these train_rm values
     python3 bench/preference.py --estimators ensemble --save-dir models/rm_variants   # keeps each retrained PM
                                                      # (for bench/routing_online.py --pm models/rm_variants/...)
+    python3 bench/preference.py --estimators sngp ensemble --seed 1                   # another training seed
 
 Prints a report (and writes reports/bench/preference.json); nothing here is asserted.
 """
@@ -82,6 +83,7 @@ def run() -> None:
                     help="retrain the PM with these train_rm values (key=value,...); repeatable")
     ap.add_argument("--save-dir", type=Path, default=None,
                     help="save each retrained PM here, in a folder named after its variant")
+    ap.add_argument("--seed", type=int, default=None, help="training seed of the retrained PMs (default: params seed)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     params = load_params()
@@ -102,9 +104,9 @@ def run() -> None:
         for update in variants:
             cfg = params.train_rm.model_validate({**params.train_rm.model_dump(), **update})  # validated like params
             with tempfile.TemporaryDirectory() as ckpt:
-                model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS, TIES], seed=params.seed,
-                                               ties=ties)
-            name = ",".join(f"{k}={v}" for k, v in update.items())
+                model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS, TIES],
+                                               seed=params.seed if args.seed is None else args.seed, ties=ties)
+            name = ",".join(f"{k}={v}" for k, v in update.items()) + ("" if args.seed is None else f",seed={args.seed}")
             if args.save_dir:
                 model.save_pretrained(args.save_dir / name.replace("=", "_").replace(",", "__"))
             g, var = model.score(triples, cfg.eval_batch_size)
