@@ -27,10 +27,10 @@ import yaml
 from posttrain.params import load_params
 from posttrain.tracking import bench_run
 from posttrain.preference_model import PreferenceModel
-from posttrain.uncertainty import pair_uncertainty
 from posttrain.preference_training import train_preference_model
 from posttrain.jsonl import read_jsonl
 from posttrain.routing_eval import routing_curve, summarize_curve
+from posttrain.uncertainty import pair_uncertainty
 from stages.train_rm import BENCHMARK, PAIRS, SFT, TIES, benchmark_report
 
 OUT = Path("reports/bench/preference.json")
@@ -91,7 +91,9 @@ def run() -> None:
     bench = read_jsonl(BENCHMARK)
     pm = PreferenceModel.from_pretrained("models/rm")
     triples = [(p["question"], p["a"], p["b"]) for p in bench]
-    g, var = pm.score(triples, params.train_rm.eval_batch_size)
+    # the stage's own scores of the benchmark, in its order (g, var and the pointwise RM's margin per pair)
+    stage_scores = read_jsonl(Path("reports/rm/benchmark_scores.jsonl"))
+    g, var = (torch.tensor([s[k] for s in stage_scores]) for k in ("g", "var"))
     report = {f"stage ({params.train_rm.estimator})": {
         **{k: stage[k] for k in KEYS if k in stage}, **routing_figures(bench, g, var, pm.lam, pm.uncertainty_score)}}
     speed = throughput(pm, bench)
@@ -99,7 +101,6 @@ def run() -> None:
     variants = [{"estimator": e} for e in args.estimators] + args.variant
     if variants:
         pairs, ties = read_jsonl(PAIRS), read_jsonl(TIES)
-        stage_scores = [json.loads(line) for line in Path("reports/rm/benchmark_scores.jsonl").read_text().splitlines()]
         margins = [s["pointwise_margin"] for s in stage_scores]
         for update in variants:
             cfg = params.train_rm.model_validate({**params.train_rm.model_dump(), **update})  # validated like params
