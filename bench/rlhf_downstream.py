@@ -5,7 +5,7 @@ test accuracy of each resulting policy and what its judge cost.
     python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
                                      [--budget B] [--same-answer judge|skip|tie]
                                      [--route-score uncertainty|expected_gain] [--route-unit pair|comparison]
-                                     [--extra-test 960]
+                                     [--extra-test 960] [--pm DIR]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -53,8 +53,10 @@ def variant(run: dict) -> str:
     before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
     of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``, before
     ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads); before ``route_unit`` was,
-    ``pair``."""
+    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    if Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
+        suffix += f", PM {Path(run['pm']).name}"
     if run["routing"] in BUDGETED and run.get("route_unit", "pair") == "comparison":
         suffix = f", per call{suffix}"
     if run["routing"] == "uncertainty_budget" and run.get("route_score", "uncertainty") != "uncertainty":
@@ -73,8 +75,10 @@ def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, splits: dict, workdir: Path) -> dict:
-    """Train with one routing policy and seed; test accuracy and judge cost."""
+def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: str, splits: dict,
+            workdir: Path) -> dict:
+    """Train with one routing policy and seed, routed by the PM in ``pm_dir``; test accuracy and judge cost."""
+    pm = PreferenceModel.from_pretrained(pm_dir)
     cfg = params.rlhf.model_copy(update={"routing": routing, "max_steps": steps})
     run_params = params.model_copy(update={"rlhf": cfg})
     ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
@@ -82,10 +86,11 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm, spli
     with closing(JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)) as client:
         reward = RoutedPairwiseReward(pm, client, cfg, seed, params.sandbox)
         dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params,
-                                     str(workdir / "policy"), workdir / "checkpoints", key_files=[Path(PM_DIR)],
+                                     str(workdir / "policy"), workdir / "checkpoints", key_files=[Path(pm_dir)],
                                      seed=seed)
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
-    return {"routing": routing, "budget": cfg.budget, "budget_of": "eligible", "same_answer": cfg.same_answer,
+    return {"routing": routing, "pm": str(pm_dir), "budget": cfg.budget, "budget_of": "eligible",
+            "same_answer": cfg.same_answer,
             "route_score": cfg.route_score, "route_unit": cfg.route_unit, "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
@@ -163,6 +168,8 @@ def run() -> None:
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions of the task to the test split (a multiple of the "
                          "difficulty count; none of them in train, dev or test), for less noise per evaluation")
+    ap.add_argument("--pm", default=PM_DIR,
+                    help="the PM every run routes with (e.g. one bench/preference.py --save-dir kept)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,
@@ -189,7 +196,6 @@ def run() -> None:
     records = [r for split in splits.values() for r in split]  # the judge sees training prompts only
     if args.extra_test:
         splits["test"] = splits["test"] + held_out_questions(params, args.extra_test, records)
-    pm = PreferenceModel.from_pretrained(PM_DIR)
     results = []
     with bench_run("rlhf_downstream", params), judge_endpoint(params.judge, records, params.seed) as url:
         sft = {**own_choice_accuracy(POLICY, splits["test"], params.rlhf.max_new_tokens, params.sandbox),
@@ -200,7 +206,8 @@ def run() -> None:
                 with tempfile.TemporaryDirectory(prefix="rlhf_bench_") as tmp, \
                         mlflow.start_run(run_name=f"{routing} seed {seed}", nested=True,
                                          tags={"posttrain.bench.variant": routing, "seed": str(seed)}):
-                    r = one_run(params, routing, seed, args.steps or params.rlhf.max_steps, url, pm, splits, Path(tmp))
+                    r = one_run(params, routing, seed, args.steps or params.rlhf.max_steps, url, args.pm, splits,
+                                Path(tmp))
                     mlflow.log_metrics({"test_accuracy": r["test_accuracy"], "judge_calls": r["judge_calls"],
                                         "judge_cost": r["judge_cost"], "routed_fraction": r["routed_fraction"]})
                 results.append(r)

@@ -44,7 +44,7 @@ from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
 from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.routing import (antisymmetrize, apply_verdicts, decisive_chance, expected_gain, pairwise_advantages,
-                              route_batch, upper_pairs)
+                               right_side, route_batch, upper_pairs)
 from posttrain.uncertainty import calibrated_logit
 from posttrain.sandbox import SandboxLimits, sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
@@ -204,11 +204,11 @@ class RoutedPairwiseReward:
         """Per group, the n x n scores uncertainty routing ranks pairs by: u_ij, or with ``route_score``
         expected_gain how far a verdict is expected to move s_ij toward the right response. Most pairs of a policy's
         samples are ties (both right, or both wrong), and a tie-trained PM scores them near 0, where u is highest,
-        so u alone spends half the calls on ties; expected_gain weighs in the chance the pair is decisive at all.
-        (``questions`` and ``responses`` are for subclasses that rank by the texts, such as bench/routing_online.py's
+        so u alone spends half the calls on ties; expected_gain weighs in the chance the pair is decisive at all, and
+        which side is right from the PM and self-consistency together (``right_side``). (``questions`` and ``responses`` are for subclasses that rank by the texts, such as bench/routing_online.py's
         oracle.)"""
         if self.cfg.route_score == "expected_gain":
-            return [expected_gain(s, p, decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
+            return [expected_gain(s, right_side(p, a), decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
         return [u for _, u, _ in scored]
 
     def group_answers(self, responses: list[list[str]]) -> list[list[int | None]] | None:

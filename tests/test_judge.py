@@ -14,7 +14,7 @@ from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
 from posttrain.judge_server import JudgeService, build_app, verifier_backend
 from posttrain.params import load_params
 from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, decisive_chance, expected_gain,
-                               pairwise_advantages, route_batch)
+                               pairwise_advantages, right_side, route_batch)
 
 RECORDS = [{"id": f"q{i}", "question": f"Compute {i} + 1.", "answer": i + 1, "difficulty": 1} for i in range(8)]
 
@@ -320,6 +320,26 @@ def test_expected_gain_sends_the_budget_where_a_verdict_can_split_right_from_wro
     s, p = torch.tensor([[0.0, -2.0], [2.0, 0.0]]), torch.tensor([[0.5, 0.277], [0.723, 0.5]])
     gain = expected_gain(s, p, torch.full((2, 2), 0.5))
     assert gain[0, 1] == pytest.approx(0.5 * (0.277 * 4 + 0.723 * 0)) and gain[1, 0] == pytest.approx(gain[0, 1])
+
+
+def test_right_side_multiplies_the_pms_odds_by_the_answers_shares():
+    """q_ij = P(i is the right one | exactly one is): the PM's odds p / (1 - p) times share_i / share_j. Answers
+    7, 7, 3, None: for (0, 2) with p = 0.8, odds 4 x (2/4) / (1/4) = 8, q = 8/9; with p = 0.2 the shares' 2 to 1
+    for i meets the PM's 1 to 4, q = 1/3; a response with no answer is never the right one, however sure the PM is
+    (q = 0 for (3, 0) at p = 0.999, so its gain is what a verdict for response 0 would bring); equal shares leave
+    p as it is."""
+    p = torch.full((4, 4), 0.5)
+    p[0, 2], p[2, 0], p[1, 2], p[2, 1], p[3, 0], p[0, 3] = 0.8, 0.2, 0.2, 0.8, 0.999, 0.001
+    q = right_side(p, [7, 7, 3, None])
+    assert q[0, 2] == pytest.approx(8 / 9) and q[2, 0] == pytest.approx(1 / 9)
+    assert q[1, 2] == pytest.approx(1 / 3) and q[2, 1] == pytest.approx(2 / 3)
+    assert q[3, 0] == 0 and q[0, 3] == 1
+    assert q[0, 1] == pytest.approx(0.5) and torch.allclose(q + q.T, torch.ones(4, 4))
+    assert right_side(torch.tensor([[0.5, 0.9], [0.1, 0.5]]), [None, None])[0, 1] == pytest.approx(0.9)
+    s = torch.zeros(4, 4)
+    s[3, 0], s[0, 3] = 3.0, -3.0  # the PM is sure the answerless response is better
+    gain = expected_gain(s, q, decisive_chance([7, 7, 3, None]))
+    assert gain[3, 0] == pytest.approx(0.5 * (2 + 3)) and gain[0, 3] == pytest.approx(gain[3, 0])
 
 
 def test_pairs_of_identical_responses_never_reach_the_judge():
