@@ -205,8 +205,8 @@ class RoutedPairwiseReward:
         expected_gain how far a verdict is expected to move s_ij toward the right response. Most pairs of a policy's
         samples are ties (both right, or both wrong), and a tie-trained PM scores them near 0, where u is highest,
         so u alone spends half the calls on ties; expected_gain weighs in the chance the pair is decisive at all, and
-        which side is right from the PM and self-consistency together (``right_side``). (``questions`` and ``responses`` are for subclasses that rank by the texts, such as bench/routing_online.py's
-        oracle.)"""
+        which side is right from the PM and self-consistency together (``right_side``). (``questions`` and
+        ``responses`` are for subclasses that rank by the texts, such as bench/routing_online.py's oracle.)"""
         if self.cfg.route_score == "expected_gain":
             return [expected_gain(s, right_side(p, a), decisive_chance(a)) for (s, _, p), a in zip(scored, answers)]
         return [u for _, u, _ in scored]
