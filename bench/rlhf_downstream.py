@@ -53,14 +53,17 @@ def variant(run: dict) -> str:
     before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
     of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``, before
     ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads); before ``route_unit`` was,
-    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it."""
+    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it. Runs that do not record their PM
+    predate ``routing.right_side`` (both came in one commit): their expected_gain took the side from the PM's p
+    alone."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
     if Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
         suffix += f", PM {Path(run['pm']).name}"
     if run["routing"] in BUDGETED and run.get("route_unit", "pair") == "comparison":
         suffix = f", per call{suffix}"
     if run["routing"] == "uncertainty_budget" and run.get("route_score", "uncertainty") != "uncertainty":
-        suffix = f" by {run['route_score']}{suffix}"
+        side = " (side from p alone)" if run["route_score"] == "expected_gain" and "pm" not in run else ""
+        suffix = f" by {run['route_score']}{side}{suffix}"
     if run["routing"] not in BUDGETED:
         return run["routing"] + suffix
     of_all = "" if run.get("budget_of") == "eligible" else " (all pairs)"
@@ -100,10 +103,11 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: 
 
 def summarize(sft: dict, runs: list[dict]) -> None:
     print(f"\nSFT policy: test accuracy {sft['accuracy']:.3f}")
-    print(f"{'routing':52}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
+    w = max(52, *(len(name) + 2 for name in by_variant(runs)))
+    print(f"{'routing':{w}}{'seeds':>6}{'test acc mean':>14}{'sd':>7}{'judge calls':>13}{'cost $':>10}{'routed':>8}")
     for name, rs in by_variant(runs).items():
         accs = [r["test_accuracy"] for r in rs]
-        print(f"{name:52}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
+        print(f"{name:{w}}{len(rs):6d}{statistics.mean(accs):14.3f}{statistics.pstdev(accs):7.3f}"
               f"{statistics.mean(r['judge_calls'] for r in rs):13.0f}"
               f"{statistics.mean(r['judge_cost'] for r in rs):10.4f}"
               f"{statistics.mean(r['routed_fraction'] for r in rs):8.3f}")
@@ -118,17 +122,18 @@ def compare_paired(runs: list[dict]) -> None:
     if len(groups) < 2:
         return
     first, rs = groups[0]
+    w = max(52, *(len(name) + 2 for name, _ in groups))
     mine = {r["seed"]: r["test_accuracy"] for r in rs}
     print(f"\npaired by seed, {first} minus:")
     for name, others in groups[1:]:
         theirs = {r["seed"]: r["test_accuracy"] for r in others}
         seeds = sorted(mine.keys() & theirs.keys())
         if len(seeds) < 2:
-            print(f"  {name:52} fewer than 2 shared seeds")
+            print(f"  {name:{w}} fewer than 2 shared seeds")
             continue
         diffs = [mine[s] - theirs[s] for s in seeds]
         p = stats.ttest_rel([mine[s] for s in seeds], [theirs[s] for s in seeds]).pvalue
-        print(f"  {name:52} {statistics.mean(diffs):+.3f} over {len(seeds)} seeds, ahead on "
+        print(f"  {name:{w}} {statistics.mean(diffs):+.3f} over {len(seeds)} seeds, ahead on "
               f"{sum(d > 0 for d in diffs)}, paired t-test p = {p:.3f} (differences: "
               f"{', '.join(f'{d:+.3f}' for d in diffs)})")
 
