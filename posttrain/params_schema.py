@@ -255,9 +255,9 @@ class RlhfParams(OnlinePolicyParams):
                     "(skip), or scored a tie without a call (tie: the judge's first criterion cannot split them)")
     route_score: Literal["uncertainty", "expected_gain"] = Field(
         description="what uncertainty routing ranks (or thresholds) pairs by: the PM's uncertainty u_ij (METHODS.md), "
-                    "or how far a verdict is expected to raise s_ij toward the right response (expected_gain: which side "
-                    "is right from the PM's calibrated probability and the shares of the two final answers among the "
-                    "prompt's responses, times the chance the pair is decisive, from those shares too)")
+                    "or how far a verdict is expected to raise s_ij toward the right response (expected_gain: which "
+                    "side is right from the PM's calibrated probability and the shares of the two final answers among "
+                    "the prompt's responses, times the chance the pair is decisive, from those shares too)")
     route_unit: Literal["pair", "comparison"] = Field(
         description="what a budget counts and the policy picks: pairs (METHODS.md), or distinct comparisons (a group "
                     "holding one response twice has several pairs that are one judge call; a budget is then a share "
