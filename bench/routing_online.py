@@ -15,7 +15,10 @@ and judge verdicts (asked once, then served by the judge cache), step by step as
   share that were ties (which leave the PM's near-zero score about where it was).
 
 Beside them, an oracle that knows which samples are right (``OracleReward``: the expected-gain ranking with the
-truth for its estimates) marks the ceiling any routing score can reach at each budget.
+truth for its estimates) marks the ceiling any routing score can reach at each budget. ``--oracle-split`` adds
+two half-oracles that know one of expected_gain's two estimates and take the other from the routing: the chance
+that a pair is decisive, or which side of a decisive pair is right; they tell which estimate the rest of the
+ceiling's lead lies in.
 
 Each is replayed under every ``rlhf.same_answer`` asked for (judge: pairs with the same final answer are routed
 like any other; skip: never routed; tie: scored 0 without a call), and uncertainty routing under every
@@ -26,13 +29,18 @@ The x axis is always the calls paid (distinct comparisons judged) as a share of 
     python3 bench/routing_online.py [--prompts 400] [--seeds 5] [--budgets 0.05 0.1 0.2 0.4] [--threads 1] [--pm DIR]
                                     [--same-answer judge skip tie] [--uncertainty-scores predictive variance]
                                     [--route-scores uncertainty expected_gain] [--route-units pair comparison]
+                                    [--oracle-split] [--samples FILE]
 
 Run after `dvc repro` (needs models/sft, models/rm). Prints a table, writes reports/bench/routing_online.json and
-the plot beside it (.png), logs to MLflow; nothing is asserted.
+the plot beside it (.png), logs to MLflow; nothing is asserted. Sampling and checking the draw is most of a run's
+time: ``--samples FILE`` keeps the draw in FILE and replays from it when it exists (with another PM or other
+route scores: a few minutes instead of about fifteen); a FILE made from another SFT policy, draw or sampling
+setting is refused, naming what differs.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
@@ -54,14 +62,18 @@ from posttrain.judge_client import JudgeCache, JudgeClient  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
+from posttrain.atomic import atomic_write_json  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward  # noqa: E402
-from posttrain.routing import expected_gain, upper_pairs  # noqa: E402
+from posttrain.routing import decisive_chance, expected_gain, right_side, upper_pairs  # noqa: E402
 from posttrain.sandbox import sandbox_limits  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from posttrain.trajectories import prompt as open_prompt  # noqa: E402
 from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
 
 OUT = Path("reports/bench/routing_online.json")
+ORACLE_NAMES = {"oracle": "oracle (right answers known)",
+                "oracle_chance": "oracle, chance known (side: q)",
+                "oracle_side": "oracle, side known (chance: shares)"}
 
 
 class ScoredOnce:
@@ -99,17 +111,19 @@ class OracleReward(ReplayedReward):
     formula with the truth in place of estimates: the pair is decisive or not, and the right side is known, so
     it buys the verdicts that move the most advantage from wrong responses to right ones."""
 
-    def __init__(self, *args, right: dict[tuple[str, str], bool], **kwargs):
+    def __init__(self, *args, right: dict[tuple[str, str], bool], knows: str = "both", **kwargs):
         super().__init__(*args, **kwargs)
-        self.right = right
+        self.right, self.knows = right, knows  # knows: both, chance (q estimated) or side (the chance estimated)
 
     def route_scores(self, scored, answers, questions, responses):
         out = []
-        for (s, _, _), question, texts in zip(scored, questions, responses):
+        for (s, _, p), a, question, texts in zip(scored, answers, questions, responses):
             # keyed by question too: one short text ("The answer is 4.") can be right for one prompt, wrong for another
             c = torch.tensor([float(self.right[question, t]) for t in texts])
             decisive = (c[:, None] != c[None, :]).float()
-            out.append(expected_gain(s, c[:, None] * (1 - c[None, :]) + 0.5 * (1 - decisive), decisive))
+            side = c[:, None] * (1 - c[None, :]) + 0.5 * (1 - decisive)  # a non-decisive pair has no right side
+            out.append(expected_gain(s, right_side(p, a) if self.knows == "chance" else side,
+                                     decisive_chance(a) if self.knows == "side" else decisive))
         return out
 
 
@@ -141,6 +155,38 @@ def replay(reward: RoutedPairwiseReward, questions: list[str], groups: list[list
         sizes = [len(groups[k]) for k in chunk]
         out += [rewards[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
     return out
+
+
+def draw_fingerprint(params, prompts: int, sample_seed: int) -> dict:
+    """What a kept draw must match to be reused: the SFT policy's bytes, the draw and the sampling settings."""
+    h = hashlib.sha256()
+    for f in sorted(Path(POLICY).rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(POLICY).as_posix().encode() + f.read_bytes())
+    cfg = params.rlhf
+    return {"policy_sha256": h.hexdigest(), "prompts": prompts, "sample_seed": sample_seed,
+            "n_responses": cfg.n_responses, "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
+            "generation": params.generation.model_dump(mode="json")}
+
+
+def kept_draw(path: Path | None, fingerprint: dict, sample) -> tuple[list[list[str]], list[list[bool]], dict]:
+    """``sample()``'s (groups, correct, answers), read from ``path`` when it holds this fingerprint's draw, else
+    sampled and written there (atomically, so a killed run leaves no half file)."""
+    if path is not None and path.exists():
+        kept = json.loads(path.read_text())
+        differ = [k for k in fingerprint if kept.get("fingerprint", {}).get(k) != fingerprint[k]]
+        if differ:
+            raise SystemExit(f"{path}: a draw made with other {', '.join(differ)} than this run's; "
+                             "delete it or name another --samples file")
+        answers = {t: a for group, found in zip(kept["groups"], kept["answers"]) for t, a in zip(group, found)}
+        print(f"{path}: the draw's {len(kept['groups'])} groups reused")
+        return kept["groups"], kept["correct"], answers
+    groups, correct, answers = sample()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"fingerprint": fingerprint, "groups": groups, "correct": correct,
+                                 "answers": [[answers[t] for t in group] for group in groups]})
+    return groups, correct, answers
 
 
 def separation(advantages: list[list[float]], correct: list[list[bool]]) -> float:
@@ -202,6 +248,11 @@ def run() -> None:
                     help="rlhf.route_unit settings for budget policies (default: rlhf.route_unit)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (give 1 beside another bench)")
     ap.add_argument("--pm", default=PM_DIR, help="the PM to route with (e.g. one bench/preference.py --save-dir kept)")
+    ap.add_argument("--oracle-split", action="store_true",
+                    help="add the half-oracles that know only the decisive chance or only the right side")
+    ap.add_argument("--samples", type=Path, default=None,
+                    help="keep the draw (samples, the verifier's checks, final answers) in this JSON file; reuse it "
+                         "when there")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     if args.threads:
@@ -214,7 +265,8 @@ def run() -> None:
     with bench_run("routing_online", params), tempfile.TemporaryDirectory(prefix="routing_online_") as tmp, \
             judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url, \
             closing(JudgeClient(params.judge, url, JudgeCache(Path(tmp) / "judge.sqlite"))) as client:
-        groups, correct, answers = sample_groups(params, records, args.sample_seed)
+        groups, correct, answers = kept_draw(args.samples, draw_fingerprint(params, len(records), args.sample_seed),
+                                             lambda: sample_groups(params, records, args.sample_seed))
         pm = ScoredOnce(PreferenceModel.from_pretrained(args.pm))
         pm.score([(q, g[i], g[j]) for q, g in zip(questions, groups) for i, j in upper_pairs(len(g))],
                  cfg.pm_batch_size)
@@ -231,10 +283,14 @@ def run() -> None:
                       "route_unit": unit}
             pm.pm.uncertainty_score = score or default_score
             config = cfg.model_copy(update=update)
-            reward = (OracleReward(pm, client, config, seed, answers=answers, right=right) if rank == "oracle" else
-                      ReplayedReward(pm, client, config, seed, answers=answers))
+            if rank.startswith("oracle"):
+                config = config.model_copy(update={"route_score": "expected_gain"})  # the answers are looked up
+                reward = OracleReward(pm, client, config, seed, answers=answers, right=right,
+                                      knows=rank.removeprefix("oracle").removeprefix("_") or "both")
+            else:
+                reward = ReplayedReward(pm, client, config, seed, answers=answers)
             adv = replay(reward, questions, groups, cfg.prompts_per_step)
-            name = "oracle (right answers known)" if rank == "oracle" else policy + (
+            name = ORACLE_NAMES[rank] if rank.startswith("oracle") else policy + (
                 f" ({score})" if score and len(scores) > 1 else "") + (f" by {rank}" if rank != "uncertainty" else "")
             name += ", per call" if unit == "comparison" else ""
             return {"policy": name, "budget": budget, "seed": seed, "same_answer": same, "route_unit": unit,
@@ -248,7 +304,8 @@ def run() -> None:
                 row, adv = measure(policy, same=same)
                 rows.append({**row, "correlation_with_judge_only": correlation(adv, judge_adv)})
             ranked = [("uncertainty_budget", s, r) for s in scores for r in ranks]
-            ceiling = [("uncertainty_budget", None, "oracle")] if same == "judge" else []
+            ceiling = [("uncertainty_budget", None, o) for o in ORACLE_NAMES
+                       if o == "oracle" or args.oracle_split] if same == "judge" else []
             for unit in units:
                 for policy, score, rank in ranked + ceiling + [("random", None, "uncertainty")]:
                     for budget in args.budgets:
