@@ -1,25 +1,32 @@
 """Atomic writes: a killed stage never leaves a half-written output for DVC to cache.
 
 Files are written to a temporary sibling and renamed into place; directories are built in a
-temporary sibling and swapped in with one rename.
+temporary sibling and swapped in with one rename. The siblings are made by plain ``open``/``mkdir``, so outputs
+get the user's umask like any other file (``tempfile``'s private 0600 / 0700 modes would leave every model and
+report unreadable to the rest of a team, or to an MLflow or Prefect server running as another user).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
+
+
+def temporary_sibling(path: Path) -> Path:
+    """A fresh hidden name beside ``path`` (same filesystem, so the final rename is atomic)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = temporary_sibling(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "x", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -39,7 +46,8 @@ def atomic_dir(path: str | Path):
     """Yield a temporary directory; on success it replaces ``path`` whole, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = temporary_sibling(path)
+    tmp.mkdir()
     try:
         yield tmp
     except BaseException:

@@ -1,0 +1,43 @@
+"""Atomic outputs: readable like any file the user writes, and nothing half-done left behind on a failure."""
+import os
+import stat
+
+import pytest
+
+from posttrain.atomic import atomic_dir, atomic_write_json
+
+
+@pytest.fixture(params=[0o022, 0o027])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_outputs_take_the_users_umask_not_a_private_mode(tmp_path, umask):
+    atomic_write_json(tmp_path / "metrics.json", {"accuracy": 0.5})
+    with atomic_dir(tmp_path / "model") as d:
+        (d / "config.json").write_text("{}")
+    assert mode(tmp_path / "metrics.json") == 0o666 & ~umask
+    assert mode(tmp_path / "model") == 0o777 & ~umask
+
+
+def test_a_failed_directory_build_keeps_the_old_one_and_leaves_no_temporary(tmp_path):
+    with atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("half")
+        raise RuntimeError("killed mid-save")
+    assert (tmp_path / "model" / "weights").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_rewrite_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    atomic_write_json(tmp_path / "state.json", {"step": 1})
+    atomic_write_json(tmp_path / "state.json", {"step": 2})
+    assert (tmp_path / "state.json").read_text() == '{\n  "step": 2\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
