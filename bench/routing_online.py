@@ -55,6 +55,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import torch  # noqa: E402
 
+from posttrain.atomic import atomic_write_json  # noqa: E402
 from posttrain.evaluation import OWN_CHOICE, score_responses  # noqa: E402
 from posttrain.generation import open_generator  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
@@ -62,7 +63,6 @@ from posttrain.judge_client import JudgeCache, JudgeClient  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
-from posttrain.atomic import atomic_write_json  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward  # noqa: E402
 from posttrain.routing import decisive_chance, expected_gain, right_side, upper_pairs  # noqa: E402
 from posttrain.sandbox import sandbox_limits  # noqa: E402
@@ -183,7 +183,6 @@ def kept_draw(path: Path | None, fingerprint: dict, sample) -> tuple[list[list[s
         return kept["groups"], kept["correct"], answers
     groups, correct, answers = sample()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"fingerprint": fingerprint, "groups": groups, "correct": correct,
                                  "answers": [[answers[t] for t in group] for group in groups]})
     return groups, correct, answers
