@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 from pathlib import Path
 
@@ -45,8 +44,8 @@ from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import pointwise_scores
 from posttrain.routing import answer_shares, decisive_chance, expected_gain, right_side
 from posttrain.tracking import bench_run
-from routing_online import (OracleReward, ReplayedReward, ScoredOnce, draw_fingerprint, kept_draw, replay,
-                            separation)
+from routing_online import (OracleReward, ReplayedReward, ScoredOnce, draw_fingerprint, draw_records, kept_draw,
+                            replay, separation)
 from stages.rlhf_routed import DATA, PM_DIR
 from stages.train_rm import POINTWISE_OUT
 
@@ -103,7 +102,7 @@ def load_draw(path: Path, params, train: list[dict]) -> dict:
     fingerprint = json.loads(path.read_text())["fingerprint"]
     prompts, seed = fingerprint["prompts"], fingerprint["sample_seed"]
     groups, correct, answers = kept_draw(path, draw_fingerprint(params, prompts, seed), sample=lambda: None)
-    records = random.Random(seed).sample(train, min(prompts, len(train)))  # as routing_online drew them
+    records = draw_records(train, prompts, seed)
     return {"name": path.stem, "questions": [r["question"] for r in records], "groups": groups, "correct": correct,
             "answers": answers}
 

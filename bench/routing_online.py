@@ -157,6 +157,11 @@ def replay(reward: RoutedPairwiseReward, questions: list[str], groups: list[list
     return out
 
 
+def draw_records(train: list[dict], prompts: int, seed: int) -> list[dict]:
+    """The seeded draw of training prompts a run samples responses for."""
+    return random.Random(seed).sample(train, min(prompts, len(train)))
+
+
 def draw_fingerprint(params, prompts: int, sample_seed: int) -> dict:
     """What a kept draw must match to be reused: the SFT policy's bytes, the draw and the sampling settings."""
     h = hashlib.sha256()
@@ -260,7 +265,7 @@ def run() -> None:
     params = load_params()
     cfg = params.rlhf
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
-    records = random.Random(args.sample_seed).sample(splits["train"], min(args.prompts, len(splits["train"])))
+    records = draw_records(splits["train"], args.prompts, args.sample_seed)
     questions = [r["question"] for r in records]
     with bench_run("routing_online", params), tempfile.TemporaryDirectory(prefix="routing_online_") as tmp, \
             judge_endpoint(params.judge, [r for s in splits.values() for r in s], params.seed) as url, \
