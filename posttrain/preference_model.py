@@ -112,8 +112,10 @@ class PreferenceModel(nn.Module):
     def features(self, triples: list[tuple[str, str, str]], batch_size: int = 64,
                  desc: str = "PM features") -> torch.Tensor:
         self.eval()
+        # One batch gets no bar: rlhf_routed scores each prompt's pairs in one, and 16 bars a step buried its log
         chunks = [self.pooled(**self.encode(triples[i:i + batch_size]))
-                  for i in tqdm(range(0, len(triples), batch_size), desc=desc, unit="batch")]
+                  for i in tqdm(range(0, len(triples), batch_size), desc=desc, unit="batch",
+                                disable=len(triples) <= batch_size)]
         return torch.cat(chunks) if chunks else torch.empty(0, 2 * self.backbone.config.hidden_size)
 
     @torch.no_grad()

@@ -91,6 +91,15 @@ def test_preference_model_is_antisymmetric_in_the_order_of_responses(tiny, estim
         assert torch.allclose(g, g2, atol=1e-5) and torch.allclose(var, var2, atol=1e-6)
 
 
+def test_scoring_one_batch_draws_no_progress_bar_and_several_batches_do(tiny, capsys):
+    pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
+    triples = [(tiny.problems[0].question, "Answer: 5", "Answer: 7")] * 3
+    pm.score(triples, batch_size=4)  # rlhf_routed scores each prompt's pairs in one batch, every step
+    assert "PM features" not in capsys.readouterr().err
+    pm.score(triples, batch_size=2)
+    assert "PM features" in capsys.readouterr().err
+
+
 def test_preference_model_pools_the_last_token_of_each_response(tiny):
     pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
     enc = pm.encode([("Compute 1 + 1.", "Answer: 2", "Answer: 3"), ("Q", "a much longer response " * 3, "b")])
