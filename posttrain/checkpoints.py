@@ -21,7 +21,7 @@ from pathlib import Path
 import mlflow
 from pydantic import BaseModel
 from safetensors import SafetensorError, safe_open
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 
 from posttrain.tracking import HASHES_MISSING_TAG
 
@@ -55,6 +55,18 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
         if stale != key_dir:
             shutil.rmtree(stale, ignore_errors=True)
     return key_dir
+
+
+def save_trained(trainer, tokenizer, out: str | Path) -> None:
+    """Save a trained model and its tokenizer to ``out``: what ``from_pretrained`` loads, nothing of the run.
+
+    ``Trainer.save_model`` (which also gathers ZeRO-3 shards under DeepSpeed) pickles the run's arguments beside
+    the weights; their output_dir is the checkpoint key, which moves with any change to the stage's code, so
+    bit-identical weights would get a new DVC hash and re-run every stage downstream. The Trainer's
+    checkpoints keep their copy for resuming."""
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(out)
+    (Path(out) / TRAINING_ARGS_NAME).unlink(missing_ok=True)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

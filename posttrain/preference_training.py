@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
 from trl import RewardConfig, RewardTrainer
 
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.modeling import device_args
 from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, tail
@@ -98,8 +98,7 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     # a run of its own, nested in the stage's: its Trainer args and loss curve would clash with the PM's there
     with mlflow.start_run(run_name="pointwise_rm", nested=True) if mlflow.active_run() else contextlib.nullcontext():
         trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(str(out))
-    tokenizer.save_pretrained(out)
+    save_trained(trainer, tokenizer, out)
     return model.eval(), tokenizer  # the checkpoints stay (see claim_checkpoint_dir)
 
 

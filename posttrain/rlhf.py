@@ -37,7 +37,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.generation import trl_vllm_args
@@ -295,6 +295,5 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb, state_cb])
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
-        trainer.save_model(str(tmp))
-        tokenizer.save_pretrained(tmp)
+        save_trained(trainer, tokenizer, tmp)
     return dev_cb  # the checkpoints stay (see claim_checkpoint_dir)

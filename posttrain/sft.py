@@ -22,7 +22,7 @@ from trl import SFTConfig, SFTTrainer
 
 import mlflow
 from posttrain.atomic import atomic_dir
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.params_schema import WarmupParams
 
@@ -95,8 +95,7 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
                "n_examples": len(examples)}
     mlflow.log_metrics({f"{metric_prefix}{k}": v for k, v in summary.items()})
     with atomic_dir(out) as tmp:
-        trainer.save_model(str(tmp))
-        tokenizer.save_pretrained(tmp)
+        save_trained(trainer, tokenizer, tmp)
     if snapshots is not None:
         save_snapshots(ckpt, Path(snapshots), cfg.max_steps)
     print(f"{name}: {n_tokens} tokens at {summary['train_tokens_per_s']:.0f} tokens/s, final loss "

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
@@ -68,8 +68,7 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
             mlflow.log_metric("buffer_seeded", len(seeds))
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
-        trainer.save_model(str(tmp))
-        tokenizer.save_pretrained(tmp)
+        save_trained(trainer, tokenizer, tmp)
     return trainer, dev_cb  # the checkpoints stay (see claim_checkpoint_dir)
 
 

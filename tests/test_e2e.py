@@ -147,6 +147,19 @@ def test_second_repro_runs_nothing(repro):
     assert run(["dvc", "status"], repo).strip().endswith("Data and pipelines are up to date.")
 
 
+def test_a_code_change_that_keeps_the_weights_reruns_nothing_downstream(repro):
+    """DVC's early cutoff: the re-run policy is bit-identical, so evaluate (which reads it) stays cached. A model
+    directory that carried the run's pickled Trainer arguments (their checkpoint key moves with the code) would
+    hash anew and re-run it."""
+    repo, _ = repro
+    stage = repo / "stages/rlhf_routed.py"
+    stage.write_text(stage.read_text() + "\n# a change that leaves the weights as they were\n")
+    out = run(["dvc", "repro"], repo)
+    assert "Running stage 'rlhf_routed'" in out
+    assert "Running stage 'evaluate'" not in out and "Stage 'evaluate' didn't change" in out
+    assert not list((repo / "models").glob("*/training_args.bin"))
+
+
 def kill_when(cmd: list[str], repo: Path, ready, timeout: float = 600) -> None:
     """Run ``cmd``, SIGKILL its whole process group once ``ready()`` is true (or time runs out). The stage starts
     without checkpoints (those of earlier successful runs stay; ``ready`` must only see this run's)."""
