@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+from email.utils import parsedate_to_datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,36 @@ class JudgeCallError(Exception):
 
 def _retryable(err: BaseException) -> bool:
     return isinstance(err, JudgeCallError) and not err.kind.endswith("_fatal")
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header in seconds: delay-seconds or an HTTP-date (RFC 9110); None if absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def token_count(usage: dict, key: str) -> int:
+    """A usage field as an int; proxies send null or omit it, and a missing count must not cost the verdict."""
+    try:
+        return int(usage.get(key) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def judge_identity(cfg) -> list:
+    """Who answers, for the cache key: the model name and temperature, and for the local service its backend
+    (the default model name is the same whichever backend serves it, and a verifier's verdicts must not be served
+    as an HF model's)."""
+    local = [cfg.backend, cfg.hf_model if cfg.backend == "hf" else None] if cfg.base_url is None else []
+    return [cfg.model, cfg.temperature, *local]
 
 
 @dataclass
@@ -90,7 +121,7 @@ class CostLedger:
 
 
 class JudgeCache:
-    """verdicts keyed by sha256(judge model, the full prompt): the prompt holds criteria and both responses."""
+    """verdicts keyed by sha256(judge identity, the full prompt): the prompt holds criteria and both responses."""
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +131,8 @@ class JudgeCache:
         self.lock = threading.Lock()
 
     @staticmethod
-    def key(model: str, messages: list[dict]) -> str:
-        return hashlib.sha256(json.dumps([model, messages], sort_keys=True).encode()).hexdigest()
+    def key(identity: list, messages: list[dict]) -> str:
+        return hashlib.sha256(json.dumps([identity, messages], sort_keys=True).encode()).hexdigest()
 
     def get(self, key: str) -> str | None:
         with self.lock:
@@ -141,6 +172,7 @@ class JudgeClient:
         self.cache = cache
         self.ledger = ledger or CostLedger(cfg.price_in_per_1k, cfg.price_out_per_1k)
         self.limiter = RateLimiter(cfg.requests_per_minute)
+        self.identity = judge_identity(cfg)
 
     def _once(self, messages: list[dict]) -> tuple[str, str]:
         """One HTTP call -> (verdict, raw answer); raises JudgeCallError on anything retryable."""
@@ -153,8 +185,11 @@ class JudgeClient:
         except httpx.TransportError:
             raise JudgeCallError("connection") from None
         if resp.status_code == 429:
-            retry_after = resp.headers.get("Retry-After")
-            raise JudgeCallError("rate_limited", float(retry_after) if retry_after else None)
+            retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
+            if retry_after is not None and retry_after > self.cfg.max_retry_after_s:
+                # retried sooner than the server asked, it would answer 429 again and spend every retry
+                raise JudgeCallError("rate_limited_fatal")
+            raise JudgeCallError("rate_limited", retry_after)
         if resp.status_code >= 500:
             raise JudgeCallError(f"http_{resp.status_code}")
         if resp.status_code >= 400:  # a client error will not fix itself: no retry
@@ -163,9 +198,11 @@ class JudgeClient:
             data = resp.json()
             text = data["choices"][0]["message"]["content"]
             usage = data.get("usage") or {}
+            if not isinstance(text, str) or not isinstance(usage, dict):
+                raise TypeError
         except (ValueError, KeyError, IndexError, TypeError):
             raise JudgeCallError("malformed_body") from None
-        self.ledger.add(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+        self.ledger.add(token_count(usage, "prompt_tokens"), token_count(usage, "completion_tokens"))
         verdict = parse_verdict(text)
         if verdict is None:
             raise JudgeCallError("no_verdict")
@@ -174,13 +211,13 @@ class JudgeClient:
     def _wait(self, state) -> float:
         err = state.outcome.exception()
         if isinstance(err, JudgeCallError) and err.retry_after is not None:
-            return min(err.retry_after, self.cfg.max_backoff_s)
+            return err.retry_after  # the server said when; _once failed at once if that is past max_retry_after_s
         return wait_exponential_jitter(multiplier=self.cfg.backoff_s, jitter=self.cfg.backoff_s,
                                        max=self.cfg.max_backoff_s)(state)
 
     def ask(self, messages: list[dict]) -> str | None:
         """The verdict for one prompt (cached), or None after the retries (the failure is in the ledger)."""
-        key = JudgeCache.key(self.cfg.model, messages)
+        key = JudgeCache.key(self.identity, messages)
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             with self.ledger.lock:
                 self.ledger.cache_hits += 1
@@ -208,7 +245,7 @@ class JudgeClient:
         # the same comparison. Asked concurrently, both copies would miss the cache and both be paid, and how many
         # raced would change the bill from run to run. A copy counts as a cache hit when its prompt got an answer
         # (a failed request is one failure in the ledger; its copies were served nothing).
-        keys = [JudgeCache.key(self.cfg.model, m) for m in jobs]
+        keys = [JudgeCache.key(self.identity, m) for m in jobs]
         first: dict[str, int] = {}
         for i, key in enumerate(keys):
             first.setdefault(key, i)

@@ -18,8 +18,11 @@ QUESTION_MARK, A_MARK, B_MARK, END_MARK = "[Question]", "[Response A]", "[Respon
 INSTRUCTIONS = ("Compare the two responses by these criteria: {criteria}\n"
                 "Think briefly, then end with exactly one line: 'Verdict: A', 'Verdict: B' or 'Verdict: tie'.")
 
+# A verdict keyword, then markdown, quotes or a JSON key's closing quote, then the side. "answer" only counts with a
+# colon ("Final answer: B"): "Response A's answer is a wrong number" is reasoning, not a verdict for A.
 _VERDICT = re.compile(
-    r"(?:verdict|winner|better response|answer)\s*(?:is)?\s*[:=]?\s*[\*\[\(\"'`]*\s*(A|B|tie|draw)\b(?![\w-])",
+    r"(?:(?:verdict|winner|better response|preferred response)[\*\"'`]*\s*(?:is)?|answer[\*\"'`]*\s*(?=[:=]))"
+    r"\s*[:=]?\s*[\*\[\(\"'`]*\s*(?:response\s+|assistant\s+)?(?:a\s+(?=tie|draw))?(A|B|tie|draw)\b(?![\w-])",
     re.IGNORECASE)
 _BRACKETED = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)  # MT-Bench style [[A]]; [[C]] = tie
 
@@ -43,10 +46,11 @@ def parse_verdict(text: str | None) -> str | None:
     if not text:
         return None
     text = re.sub(r"<think>.*?</think>", " ", text, flags=re.DOTALL | re.IGNORECASE)  # reasoning models
-    found = [m.group(1) for m in _VERDICT.finditer(text)] + [m.group(1) for m in _BRACKETED.finditer(text)]
+    found = sorted([(m.start(), m.group(1)) for m in _VERDICT.finditer(text)]
+                   + [(m.start(), m.group(1)) for m in _BRACKETED.finditer(text)])
     if not found:
         return None
-    v = found[-1].lower()
+    v = found[-1][1].lower()
     return {"a": "A", "b": "B", "tie": "tie", "draw": "tie", "c": "tie"}[v]
 
 

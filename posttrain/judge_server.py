@@ -183,7 +183,9 @@ class JudgeService:
 
     def __init__(self, app: FastAPI, port: int | None = None):
         self.port = port or free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        # a request still hanging (the timeout fault, a slow HF judge) must not hold shutdown past a few seconds
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=2))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -202,6 +204,9 @@ class JudgeService:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(timeout=5)
 
     def __enter__(self) -> "JudgeService":
         return self.start()

@@ -203,7 +203,9 @@ class JudgeParams(_Section):
     timeout_s: float = Field(gt=0, description="per-request timeout")
     max_retries: int = Field(ge=0, description="retries after a failed request, then fall back to the RM")
     backoff_s: float = Field(ge=0, description="first retry wait (exponential with jitter after)")
-    max_backoff_s: float = Field(ge=0, description="longest retry wait (also caps Retry-After)")
+    max_backoff_s: float = Field(ge=0, description="longest wait between retries of our own choosing")
+    max_retry_after_s: float = Field(ge=0, description="longest Retry-After honoured; a 429 asking for longer fails "
+                                                       "the pair at once")
     price_in_per_1k: float = Field(ge=0, description="price per 1000 prompt tokens")
     price_out_per_1k: float = Field(ge=0, description="price per 1000 completion tokens")
     cache: str = Field(min_length=1, description="SQLite verdict cache (kept across runs: a re-run never pays twice)")

@@ -1,8 +1,13 @@
 """The judge client against the real local service: verdicts, faults, retries, fallback, cache, cost, the key;
 the verdict parser; the routing policies and the pairwise advantage."""
+import email.utils
 import logging
 import random
+import threading
 import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
 
 import pytest
 import torch
@@ -105,6 +110,17 @@ def test_flaky_service_mostly_recovers_and_429_waits_for_retry_after(service):
     assert time.perf_counter() - start >= 0.2  # at least one Retry-After: 0.2 was honoured
 
 
+def test_the_service_stops_promptly_with_a_request_still_hanging(service):
+    svc = service(faults={"timeout": 1.0})
+    caller = threading.Thread(target=JudgeClient(cfg(timeout_s=60.0, max_retries=0), svc.base_url).judge,
+                              args=(triples(1),), daemon=True)
+    caller.start()
+    time.sleep(1.0)  # the request is in, and the service holds it for 30 s
+    start = time.perf_counter()
+    svc.stop()
+    assert not svc.thread.is_alive() and time.perf_counter() - start < 8
+
+
 def test_unreachable_judge_falls_back_without_hanging():
     client = JudgeClient(cfg(max_retries=1), "http://127.0.0.1:9/v1")
     assert client.judge(triples(1)) == [None] and client.ledger.failures == {"connection": 1}
@@ -131,6 +147,59 @@ def test_verdict_parser_and_prompt_round_trip():
     assert combine_orders("A", "B") == "A" and combine_orders("A", "A") == "tie" and combine_orders(None, "A") == "B"
     msgs = judge_messages("Compute 2 + 3.", "Answer: 5\n", "multi\nline", "correctness")
     assert read_messages(msgs) == ("Compute 2 + 3.", "Answer: 5", "multi\nline")
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    ("My first instinct was [[A]], but A has an arithmetic slip. Verdict: B", "B"),  # the last one, by position
+    ("Verdict: B\n\nExplanation: Response A's answer is a wrong number.", "B"),      # 'answer is a' is no verdict
+    ('{"verdict": "A", "reason": "right total"}', "A"), ('{"winner": "B"}', "B"), ("**Verdict**: B", "B"),
+    ("Verdict: Response A", "A"), ("Final verdict: **Response B**", "B"), ("The winner is a tie.", "tie"),
+    ("Final answer: B", "B"), ("The answer is A", None), ("Verdict: none", None)])
+def test_verdict_parser_reads_json_markdown_and_takes_the_last_verdict(answer, verdict):
+    assert parse_verdict(answer) == verdict
+
+
+def mock_client(responses, **overrides):
+    """A client whose HTTP calls get ``responses`` in turn (protocol corners the local service never sends)."""
+    sent = []
+
+    def reply(request):
+        sent.append(request)
+        return responses[min(len(sent), len(responses)) - 1]
+    client = JudgeClient(cfg(**overrides), "http://judge.test/v1")
+    client.http = httpx.Client(base_url="http://judge.test/v1", transport=httpx.MockTransport(reply))
+    return client, sent
+
+
+def test_retry_after_as_an_http_date_is_honoured_and_null_token_counts_cost_nothing():
+    date = email.utils.format_datetime(datetime.now(timezone.utc) + timedelta(seconds=2), usegmt=True)
+    ok = {"choices": [{"message": {"content": "Verdict: A"}}], "usage": {"prompt_tokens": None,
+                                                                          "completion_tokens": None}}
+    client, sent = mock_client([httpx.Response(429, headers={"Retry-After": date}), httpx.Response(200, json=ok)])
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == ["A"]
+    assert len(sent) == 2 and time.perf_counter() - start >= 0.9  # the date is to the second: 1-2 s away
+    assert client.ledger.calls == 1 and client.ledger.tokens_in == client.ledger.tokens_out == 0
+
+
+def test_a_retry_after_longer_than_allowed_fails_the_pair_at_once():
+    client, sent = mock_client([httpx.Response(429, headers={"Retry-After": "3600"})], max_retries=3,
+                               max_retry_after_s=30.0)
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == [None]
+    assert len(sent) == 1 and client.ledger.failures == {"rate_limited_fatal": 1}
+    assert time.perf_counter() - start < 5
+
+
+def test_the_cache_keeps_one_backends_verdicts_from_another(service, tmp_path):
+    svc = service()
+    verifier = JudgeClient(cfg(base_url=None, backend="verifier"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
+    assert verifier.judge(triples(2)) == ["A", "A"] and verifier.ledger.calls == 2
+    hf = JudgeClient(cfg(base_url=None, backend="hf"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
+    hf.judge(triples(2))
+    assert hf.ledger.calls == 2 and hf.ledger.cache_hits == 0  # same model name, another judge: asked again
+    again = JudgeClient(cfg(base_url=None, backend="verifier"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
+    assert again.judge(triples(2)) == ["A", "A"] and again.ledger.calls == 0
 
 
 def test_budget_routing_is_exact_and_random_matches_the_count():
