@@ -6,9 +6,12 @@ Layers, each closing a different hole:
 - kernel resource limits set before exec: CPU seconds, address space, file size, open files;
 - a wall-clock timeout enforced by the parent, which kills the child's whole process group;
 - a Python audit hook installed before the program runs (it cannot be removed afterwards) that
-  refuses sockets, subprocesses, forks, signals, ctypes, file writes or deletions outside the
-  temporary directory, and reads outside it and the standard library;
-- output capped at ``max_output_bytes``.
+  refuses sockets, subprocesses, forks, signals, ctypes, raised resource limits, file writes, creations,
+  truncations or deletions outside the temporary directory, reads outside it and the standard library, and the
+  import of the modules that reach the kernel without an audit event of their own (``_posixsubprocess`` forks
+  and execs silently; ``multiprocessing`` spawns through it);
+- output read as it comes and capped at ``max_output_bytes``: a program that prints without end is killed at
+  the cap, not buffered in the caller's memory.
 
 A program that loops, allocates without bound, raises, or tries any of the above yields
 ``SandboxResult(answer=None, reason=...)``; the calling stage never crashes or hangs.
@@ -21,10 +24,12 @@ from __future__ import annotations
 
 import os
 import resource
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +40,10 @@ _tmp = os.getcwd()
 _allowed_read = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, _tmp} if p)
 _blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
             "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv", "pty.", "os.chdir", "os.chmod",
-            "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile")
+            "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile",
+            "resource.setrlimit", "resource.prlimit")
+_no_import = {"_posixsubprocess", "subprocess", "_ctypes", "ctypes", "_socket", "socket", "_multiprocessing",
+              "multiprocessing", "_posixshmem", "pty", "_xxsubinterpreters", "_xxinterpchannels"}
 _write_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime")
 
 def _inside(path, roots):
@@ -46,6 +54,8 @@ def _inside(path, roots):
     return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
 
 def _hook(event, args):
+    if event == "import" and str(args[0]).split(".")[0] in _no_import:
+        raise PermissionError(f"sandbox: import {args[0]} is not allowed")
     if event.startswith(_blocked):
         raise PermissionError(f"sandbox: {event} is not allowed")
     if event in _write_events and not all(_inside(a, (_tmp,)) for a in args if isinstance(a, (str, bytes))):
@@ -54,7 +64,9 @@ def _hook(event, args):
         path, mode, flags = args
         if isinstance(path, int):
             return
-        writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & (os.O_WRONLY | os.O_RDWR)
+        # O_CREAT and O_TRUNC write even with O_RDONLY: they would create or empty a file in the Python install
+        writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & (
+            os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
         if not _inside(path, (_tmp,) if writes else _allowed_read):
             raise PermissionError(f"sandbox: open({path!r}) outside the sandbox directory")
 
@@ -63,6 +75,9 @@ sys.addaudithook(_hook)
 del os.environ
 exec(compile(_code, "program.py", "exec"), {"__name__": "__main__"})
 """
+
+
+_STDERR_TAIL = 16384  # bytes of a failed program's stderr kept for its last line
 
 
 @dataclass(frozen=True)
@@ -98,23 +113,54 @@ def _limit_child(limits: SandboxLimits):
     return apply
 
 
+def _read_capped(proc: subprocess.Popen, limits: SandboxLimits) -> tuple[bytes, bytes, str | None]:
+    """The child's stdout and stderr as they come, until both close and it exits; stops early with "timeout" at
+    the wall limit or "output too large" past the cap (stderr keeps only its tail: the error is its last line)."""
+    deadline = time.monotonic() + limits.wall_seconds
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out), bytes(err), "timeout"
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                key.data.extend(chunk)
+            if len(out) > limits.max_output_bytes:
+                return bytes(out), bytes(err), "output too large"
+            del err[:-_STDERR_TAIL]
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:  # closed its output but runs on
+        return bytes(out), bytes(err), "timeout"
+    return bytes(out), bytes(err), None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def run_program(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Execute ``code`` in the sandbox; never raises for anything the program does."""
     with tempfile.TemporaryDirectory(prefix="posttrain-sandbox-") as tmp:
         Path(tmp, "program.py").write_text(code, encoding="utf-8")
-        proc = subprocess.Popen(
+        with subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _BOOTSTRAP],
             cwd=tmp, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_limit_child(limits),
-        )
-        try:
-            out, err = proc.communicate(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return SandboxResult("", False, "timeout")
-    if len(out) > limits.max_output_bytes:
-        return SandboxResult("", False, "output too large")
+        ) as proc:
+            out, err, stopped = _read_capped(proc, limits)
+            if stopped:
+                _kill(proc)
+                return SandboxResult("", False, stopped)
     if proc.returncode != 0:
         if proc.returncode < 0:
             return SandboxResult("", False, f"killed by {signal.Signals(-proc.returncode).name}")

@@ -1,5 +1,8 @@
 """The sandbox turns misbehaving programs into "no answer" with a reason; the host is unaffected."""
 import os
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,6 +42,11 @@ HOSTILE = [
     ("print(open('/proc/self/environ').read())", "outside"),                    # secrets through /proc
     ("import os\nos.kill(os.getppid(), 9)", "os.kill"),                         # attacking the host process
     ("import os\nos.killpg(0, 9)", "os.killpg"),
+    # _posixsubprocess.fork_exec forks and execs with no audit event of its own; multiprocessing spawns through it
+    ("import _posixsubprocess", "import _posixsubprocess"),
+    ("import multiprocessing\nmultiprocessing.Process(target=print).start()", "import multiprocessing"),
+    ("import _imp, importlib.util\n_imp.create_dynamic(importlib.util.find_spec('_socket'))", "import _socket"),
+    ("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (-1, -1))", "resource.setrlimit"),
 ]
 
 
@@ -48,6 +56,24 @@ def test_hostile_programs_yield_no_answer(code, reason):
     assert not r.ok and r.stdout == ""
     assert reason in r.reason, r.reason
     assert not os.path.exists("/tmp/posttrain-sandbox-escape")
+
+
+@pytest.mark.parametrize("flags", ["os.O_RDONLY | os.O_CREAT", "os.O_RDONLY | os.O_TRUNC"])
+def test_a_read_only_open_that_creates_or_truncates_is_a_write(flags):
+    # the standard library is readable; O_CREAT or O_TRUNC on an O_RDONLY open would plant or empty a file in it
+    target = Path(sys.base_prefix) / f"posttrain-sandbox-probe-{uuid.uuid4().hex}.txt"
+    try:
+        r = run_program(f"import os\nos.close(os.open({str(target)!r}, {flags}, 0o644))", FAST)
+        assert not r.ok and "outside" in r.reason, r.reason
+        assert not target.exists()
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def test_output_past_the_cap_stops_the_program_at_once():
+    start = time.perf_counter()
+    r = run_program("import sys, time\nsys.stdout.write('x' * 10**6)\nsys.stdout.flush()\ntime.sleep(30)", FAST)
+    assert r.reason == "output too large" and time.perf_counter() - start < FAST.wall_seconds
 
 
 def test_secrets_in_the_parent_environment_are_invisible(monkeypatch):
