@@ -82,12 +82,12 @@ class ScoredOnce:
     def __init__(self, pm: PreferenceModel):
         self.pm, self.memo, self.lam = pm, {}, pm.lam
 
-    def score(self, triples, batch_size=64):
-        todo = [t for t in dict.fromkeys(triples) if t not in self.memo]
+    def score(self, triples, batch_size=64, reduce="mean"):
+        todo = [(t, reduce) for t in dict.fromkeys(triples) if (t, reduce) not in self.memo]
         if todo:
-            g, var = self.pm.score(todo, batch_size)
+            g, var = self.pm.score([t for t, _ in todo], batch_size, reduce)
             self.memo.update(zip(todo, zip(g.tolist(), var.tolist())))
-        g, var = zip(*(self.memo[t] for t in triples))
+        g, var = zip(*(self.memo[t, reduce] for t in triples))
         return torch.tensor(g), torch.tensor(var)
 
     def uncertainty(self, g, var):

@@ -130,11 +130,16 @@ class PreferenceModel(nn.Module):
         self.head.finalize()
 
     @torch.no_grad()
-    def score(self, triples: list[tuple[str, str, str]], batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-        """Antisymmetrised (g, var) for (question, A, B): g = (s(A,B) - s(B,A)) / 2, var = mean of both orders."""
+    def score(self, triples: list[tuple[str, str, str]], batch_size: int = 64,
+              reduce: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+        """Antisymmetrised (g, var) for (question, A, B): g = (s(A,B) - s(B,A)) / 2, var = the mean or the max of
+        both orders' variances (``rlhf.uncertainty_reduce``). Either uncertainty score grows with var at a given
+        |g|, so the max of both orders' u is the u of the max variance."""
         g_ab, v_ab = self.head.predict(self.features(triples, batch_size))
         g_ba, v_ba = self.head.predict(self.features([(q, b, a) for q, a, b in triples], batch_size))
-        return (g_ab - g_ba) / 2, (v_ab + v_ba) / 2
+        if reduce not in ("mean", "max"):
+            raise ValueError(f"unknown reduce {reduce!r}; expected mean or max")
+        return (g_ab - g_ba) / 2, (v_ab + v_ba) / 2 if reduce == "mean" else torch.maximum(v_ab, v_ba)
 
     def uncertainty(self, g: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """The routing uncertainty of scored pairs (``train_rm.uncertainty_score``; see ``pair_uncertainty``)."""

@@ -99,7 +99,8 @@ class RoutedPairwiseReward:
         PM's calibrated probability that response i is better than j."""
         n = len(responses)
         pairs = upper_pairs(n)
-        g, var = self.pm.score([(question, responses[i], responses[j]) for i, j in pairs], self.cfg.pm_batch_size)
+        g, var = self.pm.score([(question, responses[i], responses[j]) for i, j in pairs], self.cfg.pm_batch_size,
+                               self.cfg.uncertainty_reduce)
         u_pair, p_pair = self.pm.uncertainty(g, var), torch.sigmoid(calibrated_logit(g, var, self.pm.lam)[0])
         r, u, p = torch.zeros(n, n), torch.ones(n, n), torch.full((n, n), 0.5)
         for (i, j), gij, uij, pij in zip(pairs, g, u_pair, p_pair):
@@ -283,7 +284,10 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
                                  sandbox_limits(params.sandbox), params.sandbox.workers)
     dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
     state_cb = RoutingStateCallback(reward)
-    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(policy), *key_files])
+    # the judge and the sandbox (final answers for routing) shape the rewards: their params key the checkpoints too
+    ckpt = claim_checkpoint_dir(checkpoint_root, {"rlhf": cfg.model_dump(), "judge": params.judge.model_dump(),
+                                                  "sandbox": params.sandbox.model_dump()}, seed,
+                                [Path(policy), *key_files])
     resume = last_complete_checkpoint(ckpt, marker=ROUTING_STATE)
     if resume:
         print(f"rlhf_routed: resuming from {resume}")

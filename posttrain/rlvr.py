@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -173,7 +172,6 @@ class RLVRTrainer(GRPOTrainer):
 
     # --- accounting ------------------------------------------------------------------------------------------
     def _log_rollout(self, groups: dict[str, list[Response]], stats, zero_adv: int) -> None:
-        generated = [r.reward for rs in groups.values() for r in rs if not r.reused]
         self.totals.update({"responses": stats.generated, "tokens": stats.tokens, "buffer_hits": stats.buffer_hits,
                             "prompts": len(groups), "zero_advantage_prompts": zero_adv})
         self.totals["generation_seconds"] += self._generation_seconds
@@ -182,9 +180,11 @@ class RLVRTrainer(GRPOTrainer):
             "rollout/responses_per_prompt": stats.generated / max(len(groups), 1),
             "rollout/zero_advantage_share": zero_adv / max(len(groups), 1),
             "rollout/buffer_hits": stats.buffer_hits, "rollout/buffer_size": len(self.buffer),
-            # what RL optimises: the verifier's mean on this step's generated responses, and prompts solved at all
-            "rollout/reward_mean": statistics.fmean(generated) if generated else 0.0,
-            "rollout/solved_share": sum(any(r.reward > 0 for r in rs) for rs in groups.values()) / max(len(groups), 1),
+            # what RL optimises: the verifier's mean on every response this step generated (a buffered one is not
+            # the policy's, and the incorrect one it replaced and DAPO's discarded groups were generated), and the
+            # share of the prompts it generated for that it solved at all
+            "rollout/reward_mean": stats.reward_sum / max(stats.generated, 1),
+            "rollout/solved_share": len(stats.solved) / max(len(stats.per_prompt), 1),
             "rollout/generation_seconds": self._generation_seconds,
             **{f"rollout/total_{k}": v for k, v in self.totals.items()},
         }

@@ -51,18 +51,23 @@ class RolloutStats:
     """What one step's rollout cost and found."""
 
     generated: int = 0  # responses generated (reused ones excluded)
+    reward_sum: float = 0.0  # the verifier's rewards of those responses (discarded and replaced ones included)
     tokens: int = 0  # tokens generated
     rounds: int = 0  # generation calls (stages for AR3PO, rounds for DAPO)
     buffer_hits: int = 0  # prompts that took a response from the replay buffer
     per_prompt: Counter = field(default_factory=Counter)  # responses generated per prompt
+    solved: set = field(default_factory=set)  # prompts with a correct generated response
 
     def add_round(self, groups: list[list[Response]]) -> None:
         """Count one generation call's responses."""
         for rs in groups:
             for r in rs:
                 self.generated += 1
+                self.reward_sum += r.reward
                 self.tokens += r.n_tokens
                 self.per_prompt[r.prompt] += 1
+                if r.reward > 0:
+                    self.solved.add(r.prompt)
         self.rounds += 1
 
 

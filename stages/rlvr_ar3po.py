@@ -48,7 +48,9 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     reward = VerifierReward({prompt(r["question"]): r for r in train}, limits, params.sandbox.workers)
     dev_cb = DevAccuracyCallback(eval_records, tokenizer, cfg.dev_every, cfg.max_new_tokens, limits,
                                  params.sandbox.workers, label=f"rlvr {cfg.algo}")
-    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(POLICY), DATA / "train.jsonl"])
+    # the sandbox's limits decide the rewards, so checkpoints trained under other limits are not resumed
+    ckpt = claim_checkpoint_dir(checkpoint_root, {"rlvr": cfg.model_dump(), "sandbox": params.sandbox.model_dump()},
+                                seed, [Path(POLICY), DATA / "train.jsonl"])
     resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
     trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[dev_cb], rlvr=cfg, seed=seed)

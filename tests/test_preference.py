@@ -91,6 +91,19 @@ def test_preference_model_is_antisymmetric_in_the_order_of_responses(tiny, estim
         assert torch.allclose(g, g2, atol=1e-5) and torch.allclose(var, var2, atol=1e-6)
 
 
+def test_the_pair_variance_is_the_mean_or_the_max_of_both_orders(tiny):
+    pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
+    torch.manual_seed(2)
+    q = tiny.problems[0].question
+    triples = [(q, "Step 1: 2 + 3 = 5\nAnswer: 5", "Answer: 7"), (q, "Answer: 1", "no idea")]
+    pm.fit_posterior(triples[:1])  # one order only, so the two orders' variances differ
+    v_ab = pm.head.predict(pm.features(triples))[1]
+    v_ba = pm.head.predict(pm.features([(x, b, a) for x, a, b in triples]))[1]
+    assert (v_ab - v_ba).abs().max() > 1e-4
+    assert torch.allclose(pm.score(triples)[1], (v_ab + v_ba) / 2, atol=1e-6)
+    assert torch.allclose(pm.score(triples, reduce="max")[1], torch.maximum(v_ab, v_ba), atol=1e-6)
+
+
 def test_scoring_one_batch_draws_no_progress_bar_and_several_batches_do(tiny, capsys):
     pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
     triples = [(tiny.problems[0].question, "Answer: 5", "Answer: 7")] * 3

@@ -108,3 +108,18 @@ def test_fixed_rollout_and_group_advantages():
     assert [len(rs) for rs in groups.values()] == [5, 5] and stats.generated == 10
     adv = group_advantages([1.0, 0.0, 0.0, 0.0])  # mean 0.25, sample std 0.5
     assert adv == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-3)
+
+
+def test_the_rollout_reward_and_solved_share_count_what_the_policy_generated():
+    # "hard" is never solved; a buffered correct response replaces one of its 6 failures, and it is not the policy's
+    buffer = ReplayBuffer(2)
+    buffer.add(Response("hard", "an old correct one", 1.0, 5))
+    sample, _ = stub_policy({"easy": 1.0, "hard": 0.0})
+    groups, stats = adaptive_rollout(["easy", "hard"], stages=3, k=2, sample=sample, buffer=buffer)
+    assert sum(r.reused for r in groups["hard"]) == 1 and stats.generated == 8
+    assert stats.reward_sum / stats.generated == 2 / 8 and stats.solved == {"easy"}
+    # DAPO: the discarded all-right and all-wrong groups were generated too
+    sample, _ = stub_policy({"always": 1.0, "never": 0.0, "mixed": 0.5}, seed=2)
+    groups, stats = dynamic_sampling(["always", "never"], n=4, sample=sample, more_prompts=iter(["mixed"] * 9),
+                                     max_rounds=2)
+    assert "always" not in groups and stats.solved >= {"always"} and stats.reward_sum >= 4
