@@ -31,7 +31,7 @@ import mlflow  # noqa: E402
 import networkx as nx  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from posttrain.params import load_params, with_overrides  # noqa: E402
+from posttrain.params import ParamsError, load_params, with_overrides  # noqa: E402
 from posttrain.tracking import PARENT_ENV, configure, git_state  # noqa: E402
 
 METRICS = Path("reports/metrics/evaluate.json")
@@ -73,6 +73,9 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
 
     ``profile``: a params file to start from (default: params.yaml as it is); ``overrides``: dotted keys set on it
     (``{"rlhf.budget": 0.2}``). Either one rewrites params.yaml before the stages run."""
+    unknown = sorted(set(stages or []) - set(stage_order()))
+    if unknown:  # a typo would otherwise run nothing and report the old metrics as this run's
+        raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(stage_order())}")
     params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
     order = [s for s in stage_order() if stages is None or s in stages]
     experiment_id = configure(params)

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -56,7 +56,8 @@ class SweepSpec(BaseModel, extra="forbid"):
     targets: list[str] = Field(default_factory=list,
                                description="stages each variant re-runs, forced (default: the whole pipeline, as needed)")
     grid: dict[str, list[Any]] = Field(min_length=1, description="dotted param -> values; variants = their product")
-    metrics: list[str] = Field(min_length=1, description="'<stage>:<dotted key>' in reports/metrics/<stage>.json")
+    metrics: list[Annotated[str, Field(pattern=r"^[a-z_]+:[^:\s]+$")]] = Field(
+        min_length=1, description="'<stage>:<dotted key>' in reports/metrics/<stage>.json")
 
 
 def load_sweep(path: str | Path) -> SweepSpec:

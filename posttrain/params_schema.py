@@ -55,6 +55,12 @@ class TaskParams(_Section):
             raise ValueError("weights must be >= 0 with at least one > 0")
         return v
 
+    @model_validator(mode="after")
+    def _files_for_jsonl(self) -> "TaskParams":
+        if self.source == "jsonl" and self.jsonl is None:
+            raise ValueError("source is jsonl but jsonl is null: give {train: ..., dev: ..., test: ...} paths")
+        return self
+
 
 class PrepareParams(_Section):
     n_train: int = Field(ge=1, description="synthetic: training questions")
@@ -73,6 +79,12 @@ class ModelParams(_Section):
     num_heads: int = Field(ge=1, description="scratch: attention heads (must divide hidden_size)")
     intermediate_size: int = Field(ge=8, description="scratch: MLP width")
     max_position: int = Field(ge=64, description="scratch: longest sequence in tokens")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "ModelParams":
+        if self.base == "scratch" and self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        return self
 
 
 class TrainingParams(_Section):

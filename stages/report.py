@@ -60,7 +60,8 @@ def dots_table(evaluate: dict) -> pd.DataFrame:
     rows = [{"policy": f"static {fmt}", "accuracy": fs["accuracy"]}
             for fmt, fs in evaluate.get("warmup", {}).get("by_format", {}).items() if fmt != "own_choice"]
     rows += [{"policy": label, "accuracy": evaluate[key]["accuracy"]} for key, label in STAGES[1:4] if key in evaluate]
-    return pd.DataFrame(rows).sort_values("accuracy", ascending=False)
+    # no rows when evaluate ran neither the static trajectories nor the DOTS systems (evaluate.formats, .dots)
+    return pd.DataFrame(rows, columns=["policy", "accuracy"]).sort_values("accuracy", ascending=False)
 
 
 def plot_stages(table: pd.DataFrame, path: Path) -> None:

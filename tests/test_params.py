@@ -43,6 +43,8 @@ def test_profiles_have_the_same_keys():
      "params.yaml: judge.faults: each probability must be in [0, 1] and they must sum to at most 1"),
     (lambda r: r["sft"].update(deepspeed="zero9.json"),
      "params.yaml: sft.deepspeed: 'zero9.json' is not a readable JSON file (FileNotFoundError)"),
+    (lambda r: r["model"].update(num_heads=5), "params.yaml: model: num_heads (5) must divide hidden_size"),
+    (lambda r: r["task"].update(source="jsonl", jsonl=None), "params.yaml: task: source is jsonl but jsonl is null"),
 ])
 def test_bad_keys_are_named_on_one_line(mutate, expected):
     r = raw()

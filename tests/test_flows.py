@@ -1,0 +1,34 @@
+"""What the flows and the report stage do with a mistyped stage, a malformed sweep metric, and a run that
+evaluated no DOTS system: a clear error before anything runs, or a report without that section's rows."""
+import pytest
+import yaml
+
+from posttrain.params import ParamsError
+
+
+def test_an_unknown_stage_name_is_an_error_naming_it_and_the_stages(monkeypatch):
+    import flows.pipeline
+
+    def no_stage_may_run(name, parent):
+        raise AssertionError(f"ran stage {name}")
+    monkeypatch.setattr(flows.pipeline, "run_stage", no_stage_may_run)
+    monkeypatch.setattr(flows.pipeline, "configure", no_stage_may_run)
+    with pytest.raises(ParamsError, match=r"'evalute'.*evaluate"):
+        flows.pipeline.pipeline.fn(["evaluate", "evalute"])  # before: ran evaluate alone and exited 0
+
+
+def test_a_sweep_metric_without_its_stage_is_refused_when_the_file_is_read(tmp_path):
+    from flows.sweep import load_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "lr", "grid": {"rlvr.learning_rate": [1e-5]},
+                                    "metrics": ["rlvr_ar3po.rlvr_test.accuracy"]}))
+    with pytest.raises(ParamsError, match="metrics"):
+        load_sweep(path)
+
+
+def test_the_dots_table_of_a_run_without_static_trajectories_or_planners_is_empty():
+    from stages.report import dots_table
+
+    table = dots_table({"warmup": {"accuracy": 0.4, "by_format": {"own_choice": {"accuracy": 0.4}}}})
+    assert table.empty and list(table.columns) == ["policy", "accuracy"]
