@@ -12,13 +12,14 @@ reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 import mlflow
-from posttrain.atomic import atomic_write_json, atomic_write_text
+from posttrain.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from posttrain.checkpoints import claim_checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
@@ -64,9 +65,10 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="upper right", ncol=2)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())
 
 
 def systems_to_evaluate(cfg: EvaluateParams, formats: list[str]) -> tuple[dict, dict]:

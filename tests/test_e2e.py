@@ -55,6 +55,17 @@ def test_repro_writes_every_output(repro):
     assert (repo / "models/sft/config.json").is_file() and (repo / "models/planner/config.json").is_file()
 
 
+def test_every_file_the_stages_write_is_a_declared_output(repro):
+    # an undeclared file is neither cached nor restored by `dvc checkout`, and can be stale (evaluate's PNG was)
+    repo, _ = repro
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    outs = [o["path"] for stage in lock.values() for o in stage.get("outs", [])]
+    written = [str(f.relative_to(repo)) for top in ("data", "models", "reports") for f in (repo / top).rglob("*")
+               if f.is_file() and f.name != ".gitignore"]
+    undeclared = [f for f in written if not any(f == o or f.startswith(o.rstrip("/") + "/") for o in outs)]
+    assert not undeclared, undeclared
+
+
 def test_preference_stages_write_pairs_models_and_figures(repro):
     from transformers import AutoModel, AutoModelForSequenceClassification
 
