@@ -32,7 +32,8 @@ import networkx as nx  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
 from posttrain.params import ParamsError, load_params, with_overrides  # noqa: E402
-from posttrain.tracking import PARENT_ENV, configure, git_state  # noqa: E402
+from posttrain.tracking import (PARENT_ENV, close_interrupted_runs, configure, git_state,  # noqa: E402
+                                process_tags)
 
 METRICS = Path("reports/metrics/evaluate.json")
 
@@ -79,8 +80,9 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
     params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
     order = [s for s in stage_order() if stages is None or s in stages]
     experiment_id = configure(params)
+    close_interrupted_runs(experiment_id, "pipeline")  # a killed `posttrain run` left its parent run RUNNING
     with mlflow.start_run(experiment_id=experiment_id, run_name="pipeline",
-                          tags={"posttrain.stage": "pipeline", **git_state()}) as parent:
+                          tags={"posttrain.stage": "pipeline", **process_tags(), **git_state()}) as parent:
         results = []
         for name in order:
             results.append(run_stage(name, parent.info.run_id))

@@ -101,6 +101,11 @@ def _process_gone(pid: int) -> bool:
     return False
 
 
+def process_tags() -> dict[str, str]:
+    """Which process on which host owns a run, so a later run can tell a killed one from a concurrent one."""
+    return {"posttrain.pid": str(os.getpid()), "posttrain.host": socket.gethostname()}
+
+
 def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
     """Mark FAILED the RUNNING runs of ``stage`` whose process on this host no longer exists; their ids, newest
     first. A run of another host, or whose process is alive (a concurrent run), is left alone."""
@@ -124,8 +129,7 @@ def stage_run(stage: str, params: Params, sections: list[str]):
     experiment_id = configure(params)
     parent = os.environ.get(PARENT_ENV)
     deps = dvc_hashes(stage, "dep")
-    tags = {"posttrain.stage": stage, "posttrain.pid": str(os.getpid()), "posttrain.host": socket.gethostname(),
-            **git_state(), **deps}
+    tags = {"posttrain.stage": stage, **process_tags(), **git_state(), **deps}
     if not deps:  # checkpoint keys fall back to file bytes and must not delete the DVC-keyed checkpoints
         tags[HASHES_MISSING_TAG] = "true"
     interrupted = close_interrupted_runs(experiment_id, stage)

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlflow
-import pytest
 from mlflow.tracking import MlflowClient
 
 from posttrain.params import load_params
@@ -23,13 +21,6 @@ with stage_run("warmup", params, sections=["seed"]) as run:
     print(run.info.run_id, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # as a machine dying mid-stage would
 """
-
-
-@pytest.fixture
-def restore_tracking_uri():
-    before = mlflow.get_tracking_uri()
-    yield
-    mlflow.set_tracking_uri(before)
 
 
 def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path, monkeypatch, restore_tracking_uri):
