@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import mlflow
 from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
 from posttrain.params import load_params
 from posttrain.params_schema import Params, PrepareParams, TaskParams
-from posttrain.task.arithmetic import generate_problems
+from posttrain.task.arithmetic import Problem, generate_problems
 from posttrain.task.records import DataError, find_split_overlaps, read_records
 from posttrain.tracking import stage_run
 
@@ -59,6 +60,41 @@ def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str
     return cleaned
 
 
+DOMAIN_FIELDS = ("form", "start", "steps")
+USER_DATA = Path("user_data")  # prepare's dep in dvc.yaml: a change to a file under it re-runs prepare
+
+
+def check_declared(files) -> None:
+    """The user's files must lie under USER_DATA: DVC knows nothing of a path in params.yaml, only of the deps, so
+    a file elsewhere could change and `dvc repro` would keep the old splits."""
+    for name in SPLITS:
+        path = Path(getattr(files, name))
+        if USER_DATA.resolve() not in path.resolve().parents:
+            raise DataError(f"task.jsonl.{name}: {path} is outside {USER_DATA}/, the directory dvc.yaml declares as "
+                            f"prepare's dependency, so DVC would not re-run prepare when it changes; move it there")
+
+
+def check_domain_fields(records: list[dict], path: str) -> None:
+    """The default pipeline renders every trajectory's worked solution (warm-up, DOTS, SFT) from the arithmetic
+    domain's fields, so a user's row needs them, and they must compute its answer; raise DataError naming the file
+    and row here rather than a KeyError in a later stage about data/prepared."""
+    for r in records:
+        where = f"{path}: row {r['id']!r}"
+        missing = [f for f in DOMAIN_FIELDS if f not in r]
+        if missing:
+            raise DataError(f"{where}: {', '.join(missing)}: missing; the default pipeline renders each trajectory's "
+                            "solution from the arithmetic fields form, start and steps (e.g. \"form\": \"expression\", "
+                            "\"start\": 7, \"steps\": [[\"add\", 5], [\"mul\", 3]])")
+        if r["form"] not in ("words", "expression"):
+            raise DataError(f"{where}: form: got {r['form']!r}, expected 'words' or 'expression'")
+        try:
+            computed = Problem.from_fields(r).answer
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            raise DataError(f"{where}: steps: cannot be read as [op, operand] pairs ({e})") from None
+        if computed != r["answer"]:
+            raise DataError(f"{where}: answer: {r['answer']}, but start and steps compute {computed}")
+
+
 def prepare(params: Params) -> dict[str, list[dict]]:
     task = params.task
     if task.source == "synthetic":
@@ -67,6 +103,8 @@ def prepare(params: Params) -> dict[str, list[dict]]:
         if task.jsonl is None:
             raise DataError("task.jsonl: task.source is jsonl but no files are given ({train, dev, test})")
         splits = {name: read_records(getattr(task.jsonl, name)) for name in SPLITS}
+        for name, records in splits.items():
+            check_domain_fields(records, getattr(task.jsonl, name))
     return resolve_overlaps(splits, params.prepare.on_overlap)
 
 
@@ -74,6 +112,8 @@ def prepare(params: Params) -> dict[str, list[dict]]:
 def main() -> None:
     params = load_params()
     with stage_run("prepare", params, sections=["seed", "task", "prepare"]):
+        if params.task.source == "jsonl" and params.task.jsonl is not None:
+            check_declared(params.task.jsonl)
         splits = prepare(params)
         summary = {name: {"n": len(rs), "by_difficulty": dict(sorted(Counter(r["difficulty"] for r in rs).items()))}
                    for name, rs in splits.items()}

@@ -68,14 +68,46 @@ def test_synthetic_splits_share_nothing():
     assert [len(splits[s]) for s in ("train", "dev", "test")] == [p.prepare.n_train, p.prepare.n_dev, p.prepare.n_test]
 
 
+DOMAIN = {"form": "expression", "start": 1, "steps": [["add", 1]]}  # what the default pipeline renders from
+
+
 def test_jsonl_source_goes_through_the_same_path(tmp_path):
-    files = {s: write(tmp_path, [{**GOOD, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
+    files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
              for s in ("train", "dev", "test")}
     p = load_params("configs/params.smoke.yaml")
     jsonl = JsonlFiles(**{k: str(v) for k, v in files.items()})
     p = p.model_copy(update={"task": p.task.model_copy(update={"source": "jsonl", "jsonl": jsonl})})
     splits = prepare(p)
     assert splits["dev"][0]["id"] == "dev1"
-    write(tmp_path, [{**GOOD, "id": "t9", "question": "train question"}], "test.jsonl")
+    write(tmp_path, [{**GOOD, **DOMAIN, "id": "t9", "question": "train question"}], "test.jsonl")
     with pytest.raises(DataError, match="question 'train question' is in both train and test"):
         prepare(p)
+
+
+@pytest.mark.parametrize("row, problem", [
+    (GOOD, r"dev.jsonl: row 'd1': form, start, steps: missing"),
+    ({**GOOD, "form": "expression", "start": 1, "steps": [["add"]]}, r"dev.jsonl: row 'd1': steps: cannot be read"),
+    ({**GOOD, "form": "expression", "start": 1, "steps": [["pow", 2]]}, r"dev.jsonl: row 'd1': steps: cannot be read"),
+    ({**GOOD, "form": "latex", "start": 1, "steps": [["add", 1]]}, r"dev.jsonl: row 'd1': form: got 'latex'"),
+    ({**GOOD, "answer": 99, "form": "expression", "start": 1, "steps": [["add", 1]]},
+     r"dev.jsonl: row 'd1': answer: 99, but start and steps compute 2"),
+])
+def test_a_user_row_the_pipeline_cannot_render_is_named_by_file_and_row(tmp_path, row, problem):
+    files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
+             for s in ("train", "test")}
+    files["dev"] = write(tmp_path, [{**row, "id": "d1", "question": "dev question"}], "dev.jsonl")
+    p = load_params("configs/params.smoke.yaml")
+    jsonl = JsonlFiles(**{k: str(v) for k, v in files.items()})
+    with pytest.raises(DataError, match=problem):
+        prepare(p.model_copy(update={"task": p.task.model_copy(update={"source": "jsonl", "jsonl": jsonl})}))
+
+
+def test_user_files_outside_the_declared_directory_are_refused(tmp_path, monkeypatch):
+    from stages.prepare import check_declared
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user_data").mkdir()
+    inside = {s: f"user_data/{s}.jsonl" for s in ("train", "dev", "test")}
+    check_declared(JsonlFiles(**inside))
+    with pytest.raises(DataError, match=r"task.jsonl.dev: .*elsewhere.jsonl is outside user_data/"):
+        check_declared(JsonlFiles(**{**inside, "dev": str(tmp_path / "elsewhere.jsonl")}))
