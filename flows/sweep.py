@@ -56,7 +56,7 @@ class SweepSpec(BaseModel, extra="forbid"):
     targets: list[str] = Field(default_factory=list,
                                description="stages each variant re-runs, forced (default: the whole pipeline, as needed)")
     grid: dict[str, list[Any]] = Field(min_length=1, description="dotted param -> values; variants = their product")
-    metrics: list[Annotated[str, Field(pattern=r"^[a-z_]+:[^:\s]+$")]] = Field(
+    metrics: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+:[^:\s]+$")]] = Field(
         min_length=1, description="'<stage>:<dotted key>' in reports/metrics/<stage>.json")
 
 

@@ -1,6 +1,7 @@
 """What the flows and the report stage do with a mistyped stage, a malformed sweep metric, and a run that
 evaluated no DOTS system: a clear error before anything runs, or a report without that section's rows."""
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -27,6 +28,13 @@ def test_a_sweep_metric_without_its_stage_is_refused_when_the_file_is_read(tmp_p
                                     "metrics": ["rlvr_ar3po.rlvr_test.accuracy"]}))
     with pytest.raises(ParamsError, match="metrics"):
         load_sweep(path)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs/sweeps").glob("*.yaml")))
+def test_the_shipped_sweep_files_load(path):
+    from flows.sweep import load_sweep
+
+    assert load_sweep(path).metrics
 
 
 def test_the_dots_table_of_a_run_without_static_trajectories_or_planners_is_empty():
