@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from posttrain.workspace import damaged_cache_objects, invalid_outputs, run_and_kill
-from smoke_workspace import HANG_GUARD_S, SECRET, STAGES, mlflow_runs, run, smoke_env, smoke_repo
+from smoke_workspace import HANG_GUARD_S, ROOT, SECRET, STAGES, mlflow_runs, run, smoke_env, smoke_repo
 
 pytestmark = pytest.mark.e2e
 
@@ -60,9 +60,10 @@ def test_every_file_the_stages_write_is_a_declared_output(repro):
     repo, _ = repro
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     outs = [o["path"] for stage in lock.values() for o in stage.get("outs", [])]
-    committed = set(subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout.split())
+    copied = set(subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.split())  # what clone_workspace copied
     written = [rel for top in ("data", "models", "reports") for f in (repo / top).rglob("*")
-               if f.is_file() and f.name != ".gitignore" and (rel := str(f.relative_to(repo))) not in committed]
+               if f.is_file() and f.name != ".gitignore" and (rel := str(f.relative_to(repo))) not in copied]
     undeclared = [f for f in written if not any(f == o or f.startswith(o.rstrip("/") + "/") for o in outs)]
     assert not undeclared, undeclared
 
