@@ -1,0 +1,195 @@
+"""The judge client against the real local service (verdicts, faults, retries, fallback, cache, cost, the key)
+and against a mock transport for protocol corners the service never sends; the verdict parser; the service."""
+import email.utils
+import logging
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+
+from posttrain.judge_client import JudgeCache, JudgeClient
+from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
+from posttrain.judge_server import JudgeService, build_app, verifier_backend
+from posttrain.params import load_params
+
+RECORDS = [{"id": f"q{i}", "question": f"Compute {i} + 1.", "answer": i + 1, "difficulty": 1} for i in range(8)]
+
+
+def cfg(**overrides):
+    base = load_params("configs/params.smoke.yaml").judge
+    return base.model_copy(update={"max_retries": 2, "backoff_s": 0.01, "max_backoff_s": 1.0, "timeout_s": 2.0,
+                                   "both_orders": False, **overrides})
+
+
+def triples(n=4):
+    """(question, right, wrong) triples: A is always the better response."""
+    return [(r["question"], f" cot\nStep 1: {i} + 1 = {i + 1}\nAnswer: {i + 1}", f" cot\nAnswer: {i + 7}")
+            for i, r in enumerate(RECORDS[:n])]
+
+
+@pytest.fixture
+def service():
+    def start(**kw):
+        svc = JudgeService(build_app(verifier_backend(RECORDS), "verifier-judge", **kw)).start()
+        started.append(svc)
+        return svc
+    started = []
+    yield start
+    for svc in started:
+        svc.stop()
+
+
+def test_happy_path_both_orders_and_cache(service, tmp_path):
+    svc = service()
+    cache = JudgeCache(tmp_path / "cache.sqlite")
+    client = JudgeClient(cfg(both_orders=True), svc.base_url, cache=cache)
+    ts = triples()
+    swapped = [(q, b, a) for q, a, b in ts]
+    assert client.judge(ts + [(ts[0][0], ts[0][1], "Answer: 1")]) == ["A"] * 4 + ["tie"]  # both right
+    assert client.ledger.calls == 10 and client.ledger.tokens_in > 0 and client.ledger.cost > 0
+    # the swapped pairs are the same two prompts per pair: served from the cache
+    assert client.judge(swapped) == ["B"] * 4 and client.ledger.calls == 10 and client.ledger.cache_hits == 8
+    # a re-run (a new client on the same cache file) pays nothing
+    again = JudgeClient(cfg(both_orders=True), svc.base_url, cache=JudgeCache(tmp_path / "cache.sqlite"))
+    assert again.judge(ts) == ["A"] * 4
+    assert again.ledger.calls == 0 and again.ledger.cache_hits == 8
+
+
+def test_a_comparison_asked_twice_in_one_batch_is_paid_once(service, tmp_path):
+    # concurrent copies of one prompt would all miss the cache (the service's latency keeps them in flight together)
+    svc = service(latency_s=0.1)
+    client = JudgeClient(cfg(both_orders=True, concurrency=4), svc.base_url, cache=JudgeCache(tmp_path / "c.sqlite"))
+    ts = triples(2)
+    assert client.judge([ts[0], ts[1], ts[0], ts[0]]) == ["A"] * 4
+    assert client.ledger.calls == 4 and client.ledger.cache_hits == 4
+    uncached = JudgeClient(cfg(concurrency=4), svc.base_url)  # without a cache too
+    assert uncached.judge([ts[1]] * 3) == ["A"] * 3 and uncached.ledger.calls == 1
+
+
+def test_copies_of_a_failed_prompt_are_not_counted_as_cache_hits(service):
+    svc = service(faults={"http_500": 1.0})
+    client = JudgeClient(cfg(max_retries=1, concurrency=4), svc.base_url)
+    assert client.judge(triples(1) * 3) == [None] * 3
+    # one request, one failure, and nothing served to its two copies
+    assert client.ledger.failures == {"http_500": 1} and client.ledger.cache_hits == 0
+
+
+@pytest.mark.parametrize("fault,kind", [("http_500", "http_500"), ("malformed_json", "malformed_body"),
+                                        ("truncated_json", "malformed_body"), ("no_verdict", "no_verdict"),
+                                        ("http_429", "rate_limited"), ("connection_reset", "connection")])
+def test_every_fault_ends_in_a_counted_fallback_after_the_retries(service, fault, kind):
+    svc = service(faults={fault: 1.0})
+    client = JudgeClient(cfg(), svc.base_url)
+    assert client.judge(triples(2)) == [None, None]
+    assert client.ledger.failures == {kind: 2}
+
+
+def test_timeouts_are_retried_then_fall_back(service):
+    svc = service(faults={"timeout": 1.0}, hang_s=3.0)
+    client = JudgeClient(cfg(timeout_s=0.3, max_retries=1), svc.base_url)
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == [None]
+    assert client.ledger.failures == {"timeout": 1} and time.perf_counter() - start < 3
+
+
+def test_flaky_service_mostly_recovers_and_429_waits_for_retry_after(service):
+    svc = service(faults={"http_500": 0.3, "http_429": 0.3}, seed=1)
+    client = JudgeClient(cfg(max_retries=6, concurrency=2), svc.base_url)
+    start = time.perf_counter()
+    verdicts = client.judge(triples(8))
+    assert verdicts.count("A") >= 7
+    assert time.perf_counter() - start >= 0.2  # at least one Retry-After: 0.2 was honoured
+
+
+def test_the_service_stops_promptly_with_a_request_still_hanging(service):
+    svc = service(faults={"timeout": 1.0})
+    caller = threading.Thread(target=JudgeClient(cfg(timeout_s=60.0, max_retries=0), svc.base_url).judge,
+                              args=(triples(1),), daemon=True)
+    caller.start()
+    time.sleep(1.0)  # the request is in, and the service holds it for 30 s
+    start = time.perf_counter()
+    svc.stop()
+    assert not svc.thread.is_alive() and time.perf_counter() - start < 8
+
+
+def test_unreachable_judge_falls_back_without_hanging():
+    client = JudgeClient(cfg(max_retries=1), "http://127.0.0.1:9/v1")
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"connection": 1}
+
+
+def test_the_api_key_goes_only_into_the_header(service, monkeypatch, caplog, capsys):
+    secret = "sk-test-SECRET-0123456789"
+    monkeypatch.setenv("POSTTRAIN_JUDGE_API_KEY", secret)
+    svc = service()
+    with caplog.at_level(logging.DEBUG):
+        client = JudgeClient(cfg(), svc.base_url)
+        client.judge(triples(1))
+    assert client.http.headers["Authorization"] == f"Bearer {secret}"
+    out = capsys.readouterr()
+    assert secret not in caplog.text + out.out + out.err
+    assert secret not in repr(client.ledger.as_metrics()) and secret not in repr(client.cfg)
+
+
+def test_verdict_parser_and_prompt_round_trip():
+    assert parse_verdict("reasoning...\nVerdict: A") == "A"
+    assert parse_verdict("**Final verdict**: [[B]]") == "B"
+    assert parse_verdict("<think>Verdict: A</think>\nVerdict: tie") == "tie"
+    assert parse_verdict("Both answers are 5.") is None and parse_verdict("") is None
+    assert combine_orders("A", "B") == "A" and combine_orders("A", "A") == "tie" and combine_orders(None, "A") == "B"
+    msgs = judge_messages("Compute 2 + 3.", "Answer: 5\n", "multi\nline", "correctness")
+    assert read_messages(msgs) == ("Compute 2 + 3.", "Answer: 5", "multi\nline")
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    ("My first instinct was [[A]], but A has an arithmetic slip. Verdict: B", "B"),  # the last one, by position
+    ("Verdict: B\n\nExplanation: Response A's answer is a wrong number.", "B"),      # 'answer is a' is no verdict
+    ('{"verdict": "A", "reason": "right total"}', "A"), ('{"winner": "B"}', "B"), ("**Verdict**: B", "B"),
+    ("Verdict: Response A", "A"), ("Final verdict: **Response B**", "B"), ("The winner is a tie.", "tie"),
+    ("Final answer: B", "B"), ("The answer is A", None), ("Verdict: none", None)])
+def test_verdict_parser_reads_json_markdown_and_takes_the_last_verdict(answer, verdict):
+    assert parse_verdict(answer) == verdict
+
+
+def mock_client(responses, **overrides):
+    """A client whose HTTP calls get ``responses`` in turn (protocol corners the local service never sends)."""
+    sent = []
+
+    def reply(request):
+        sent.append(request)
+        return responses[min(len(sent), len(responses)) - 1]
+    client = JudgeClient(cfg(**overrides), "http://judge.test/v1")
+    client.http = httpx.Client(base_url="http://judge.test/v1", transport=httpx.MockTransport(reply))
+    return client, sent
+
+
+def test_retry_after_as_an_http_date_is_honoured_and_null_token_counts_cost_nothing():
+    date = email.utils.format_datetime(datetime.now(timezone.utc) + timedelta(seconds=2), usegmt=True)
+    ok = {"choices": [{"message": {"content": "Verdict: A"}}], "usage": {"prompt_tokens": None,
+                                                                          "completion_tokens": None}}
+    client, sent = mock_client([httpx.Response(429, headers={"Retry-After": date}), httpx.Response(200, json=ok)])
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == ["A"]
+    assert len(sent) == 2 and time.perf_counter() - start >= 0.9  # the date is to the second: 1-2 s away
+    assert client.ledger.calls == 1 and client.ledger.tokens_in == client.ledger.tokens_out == 0
+
+
+def test_a_retry_after_longer_than_allowed_fails_the_pair_at_once():
+    client, sent = mock_client([httpx.Response(429, headers={"Retry-After": "3600"})], max_retries=3,
+                               max_retry_after_s=30.0)
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == [None]
+    assert len(sent) == 1 and client.ledger.failures == {"rate_limited_fatal": 1}
+    assert time.perf_counter() - start < 5
+
+
+def test_the_cache_keeps_one_backends_verdicts_from_another(service, tmp_path):
+    svc = service()
+    verifier = JudgeClient(cfg(base_url=None, backend="verifier"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
+    assert verifier.judge(triples(2)) == ["A", "A"] and verifier.ledger.calls == 2
+    hf = JudgeClient(cfg(base_url=None, backend="hf"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
+    hf.judge(triples(2))
+    assert hf.ledger.calls == 2 and hf.ledger.cache_hits == 0  # same model name, another judge: asked again
+    again = JudgeClient(cfg(base_url=None, backend="verifier"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
+    assert again.judge(triples(2)) == ["A", "A"] and again.ledger.calls == 0
