@@ -74,11 +74,12 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
 
     ``profile``: a params file to start from (default: params.yaml as it is); ``overrides``: dotted keys set on it
     (``{"rlhf.budget": 0.2}``). Either one rewrites params.yaml before the stages run."""
-    unknown = sorted(set(stages or []) - set(stage_order()))
+    every = stage_order()  # reads dvc.yaml through DVC's Repo: once
+    unknown = sorted(set(stages or []) - set(every))
     if unknown:  # a typo would otherwise run nothing and report the old metrics as this run's
-        raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(stage_order())}")
+        raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(every)}")
     params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
-    order = [s for s in stage_order() if stages is None or s in stages]
+    order = [s for s in every if stages is None or s in stages]
     experiment_id = configure(params)
     close_interrupted_runs(experiment_id, "pipeline")  # a killed `posttrain run` left its parent run RUNNING
     with mlflow.start_run(experiment_id=experiment_id, run_name="pipeline",
