@@ -18,8 +18,8 @@ Example:
 """
 from __future__ import annotations
 
-import math
 import random
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Literal
 
 import torch
@@ -41,8 +41,13 @@ def upper_pairs(n: int) -> list[tuple[int, int]]:
 
 
 def budget_count(n_pairs: int, budget: float) -> int:
-    """k = budget x pairs, rounded half up (so 10% of 10 pairs is exactly 1, and 5% of 10 rounds to 1)."""
-    return min(n_pairs, math.floor(budget * n_pairs + 0.5))
+    """k = budget x pairs, rounded half up (so 10% of 10 pairs is exactly 1, and 5% of 10 rounds to 1).
+
+    The product is taken on the budget as written (its shortest decimal), because in binary 0.35 x 90 is
+    31.499999999999996 and would round down.
+    """
+    exact = Decimal(repr(float(budget))) * n_pairs
+    return min(n_pairs, int(exact.to_integral_value(rounding=ROUND_HALF_UP)))
 
 
 def route_batch(u: torch.Tensor, policy: Policy, threshold: float, budget: float, rng: random.Random,

@@ -11,6 +11,15 @@ from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, dec
 from posttrain.uncertainty import pair_uncertainty
 
 
+def test_budget_count_rounds_the_written_budget_half_up():
+    # in binary 0.35 x 90 is 31.499999999999996 and 0.29 x 50 is 14.499999999999998
+    assert budget_count(90, 0.35) == 32 and budget_count(50, 0.29) == 15 and budget_count(10, 0.05) == 1
+    assert budget_count(10, 0.1) == 1 and budget_count(10, 0.04) == 0 and budget_count(7, 1.0) == 7
+    for n in range(1, 200):
+        for percent in range(101):
+            assert budget_count(n, percent / 100) == min(n, (percent * n + 50) // 100), (n, percent)
+
+
 def test_budget_routing_is_exact_and_random_matches_the_count():
     u = torch.rand(15)
     for budget in (0.0, 0.05, 0.1, 0.2, 0.4, 1.0):
