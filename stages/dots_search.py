@@ -6,8 +6,9 @@ across questions and candidates. Writes data/dots/search.jsonl (per question: ev
 counts, the optimal trajectory, whether it was dropped) and the distribution of optimal trajectories by
 difficulty and question kind (reports/metrics/dots_search.json, reports/dots/optimal_trajectories.png).
 
-Resumable: questions are searched in chunks, each appended to checkpoints/dots_search/<key>/done.jsonl
-as it completes; a re-run skips the questions already there. What the search spent (generations, tokens,
+Resumable: questions are searched in fixed chunks, each appended to checkpoints/dots_search/<key>/done.jsonl
+as it completes; a re-run skips the chunks already there and searches a partly written one again. Each
+chunk's sampling seeds depend on its number alone, so a resumed search writes what an uninterrupted one would. What the search spent (generations, tokens,
 seconds) is saved beside it (cost.json) after each chunk, so a resumed run's cost covers every process.
 """
 from __future__ import annotations
@@ -141,29 +142,41 @@ def main() -> None:
             mlflow.set_tag("resumed_questions", len(done))
         cost_file = progress_file.with_name("cost.json")
         cost = read_cost(cost_file)  # a chunk killed between its results and its cost.json is not counted
-        calls = 0
 
-        def run_samples(jobs, n):
-            nonlocal calls
-            calls += 1
-            recs = [by_id[q] for q, _ in jobs for _ in range(n)]
-            rows = executor.run(recs, [t for _, t in jobs for _ in range(n)], cfg.temperature,
-                                seed=params.seed + 1000 * calls, desc=f"search call {calls}")
-            cost["generations"] += sum(r["attempts"] for r in rows)
-            cost["generated_tokens"] += sum(r["n_tokens"] for r in rows)
-            return [sum(rows[j * n + s]["correct"] for s in range(n)) for j in range(len(jobs))]
+        def chunk_sampler(chunk_no: int):
+            """run_samples for one chunk. Its k-th call is seeded by the chunk's number and k alone, so a resumed
+            search samples exactly what an uninterrupted one would have (a count of this process's calls would
+            restart at the first chunk's seeds)."""
+            calls = 0
 
-        todo = [r["id"] for r in records if r["id"] not in done]
-        with open_progress(progress_file) as log, tqdm(total=len(records), initial=len(done), desc="dots_search",
-                                                       unit="question") as bar:
-            for start in range(0, len(todo), cfg.chunk_size):
-                chunk = todo[start:start + cfg.chunk_size]
+            def run_samples(jobs, n):
+                nonlocal calls
+                calls += 1
+                call_no = chunk_no * cfg.iterations + calls
+                recs = [by_id[q] for q, _ in jobs for _ in range(n)]
+                rows = executor.run(recs, [t for _, t in jobs for _ in range(n)], cfg.temperature,
+                                    seed=params.seed + 1000 * call_no, desc=f"search call {call_no}")
+                cost["generations"] += sum(r["attempts"] for r in rows)
+                cost["generated_tokens"] += sum(r["n_tokens"] for r in rows)
+                return [sum(rows[j * n + s]["correct"] for s in range(n)) for j in range(len(jobs))]
+            return run_samples
+
+        # fixed chunks over all the questions; one a kill left partly written is searched again whole, since the
+        # batch a question is sampled in decides its samples
+        chunks = [[r["id"] for r in records[i:i + cfg.chunk_size]] for i in range(0, len(records), cfg.chunk_size)]
+        with open_progress(progress_file) as log, tqdm(total=len(records), desc="dots_search", unit="question") as bar:
+            for chunk_no, chunk in enumerate(chunks):
+                if all(q in done for q in chunk):
+                    bar.update(len(chunk))
+                    continue
                 t0 = time.perf_counter()
-                for result in search_trajectories(chunk, run_samples, search):
+                lines = []
+                for result in search_trajectories(chunk, chunk_sampler(chunk_no), search):
                     rec = {**result.to_record(), "difficulty": by_id[result.id]["difficulty"],
                            "kind": by_id[result.id].get("kind", "chain")}
                     done[result.id] = rec
-                    log.write(json.dumps(rec) + "\n")
+                    lines.append(json.dumps(rec) + "\n")
+                log.write("".join(lines))
                 log.flush()
                 os.fsync(log.fileno())
                 cost["seconds"] += time.perf_counter() - t0

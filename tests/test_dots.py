@@ -81,3 +81,67 @@ def test_the_record_after_a_cut_line_is_kept(tmp_path):
     with open_progress(path) as log:  # a whole file gets no blank line
         log.write('{"id": "d", "optimal": "pot"}\n')
     assert path.read_text().endswith('"pot"}\n{"id": "d", "optimal": "pot"}\n')
+
+
+def test_a_killed_and_resumed_search_writes_what_an_uninterrupted_one_does(tmp_path, monkeypatch):
+    """The stage's main() on a fake solver whose outcomes are a pure function of the sampling seed, killed after
+    its first chunk (and once halfway through writing its second), then resumed."""
+    import contextlib
+    import hashlib
+    import json
+
+    import stages.dots_search as stage
+    from posttrain.params import load_params
+    from stages.prepare import synthetic_splits
+
+    params = load_params()
+    params = params.model_copy(update={"dots_search": params.dots_search.model_copy(
+        update={"n_questions": 8, "chunk_size": 3})})
+    train = synthetic_splits(params.task, params.prepare, params.seed)["train"][:8]
+    kill = {"after_calls": None}
+
+    class FakeExecutor:
+        def __init__(self, *args):
+            self.calls = 0
+
+        def run(self, recs, trajectories, temperature, seed, desc):
+            self.calls += 1
+            if kill["after_calls"] is not None and self.calls > kill["after_calls"]:
+                raise KeyboardInterrupt("simulated kill")
+            out, seen = [], {}
+            for r, t in zip(recs, trajectories):
+                k = seen[(r["id"], t.name)] = seen.get((r["id"], t.name), -1) + 1
+                h = hashlib.sha256(f"{seed}|{r['id']}|{t.name}|{k}".encode()).digest()[0]
+                out.append({"correct": h < 100, "attempts": 1, "n_tokens": 1})
+            return out
+
+    class NoTracking:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    monkeypatch.setattr(stage, "mlflow", NoTracking())
+    monkeypatch.setattr(stage, "stage_run", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(stage, "load_params", lambda: params)
+    monkeypatch.setattr(stage, "open_generator", lambda *a, **k: None)
+    monkeypatch.setattr(stage, "plot_distribution", lambda *a, **k: None)
+    monkeypatch.setattr(stage, "TrajectoryExecutor", FakeExecutor)
+
+    def search(workdir, kills=()):
+        (workdir / "data/prepared").mkdir(parents=True)
+        (workdir / "models/warmup").mkdir(parents=True)
+        (workdir / "data/prepared/train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+        monkeypatch.chdir(workdir)
+        for after_calls, cut in kills:
+            kill["after_calls"] = after_calls
+            with pytest.raises(KeyboardInterrupt):
+                stage.main()
+            if cut:  # a kill while the chunk's lines were being written: the last record is cut short
+                done = next((workdir / "checkpoints").rglob("done.jsonl"))
+                done.write_text(done.read_text()[:-40])
+        kill["after_calls"] = None
+        stage.main()
+        return (workdir / "data/dots/search.jsonl").read_text()
+
+    straight = search(tmp_path / "straight")
+    assert search(tmp_path / "resumed", kills=[(params.dots_search.iterations, False)]) == straight
+    assert search(tmp_path / "cut", kills=[(2 * params.dots_search.iterations, True)]) == straight
