@@ -25,13 +25,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from posttrain.orchestration import apply_prefect_settings
 
@@ -49,26 +50,81 @@ from posttrain.params import ParamsError, with_overrides  # noqa: E402
 from posttrain.tracking import SWEEP_ENV, VARIANT_ENV  # noqa: E402
 
 OUT = Path("reports/sweeps")
+Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
+GridValue = Scalar | list[Scalar]  # what dvc exp run -S can set (a dict param's empty {} takes no new key)
 
 
 class SweepSpec(BaseModel, extra="forbid"):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="sweep name: MLflow tag, experiment prefix, report file")
     targets: list[str] = Field(default_factory=list,
                                description="stages each variant re-runs, forced (default: the whole pipeline, as needed)")
-    grid: dict[str, list[Any]] = Field(min_length=1, description="dotted param -> values; variants = their product")
+    grid: dict[str, Annotated[list[GridValue], Field(min_length=1)]] = Field(
+        min_length=1, description="dotted param -> values; variants = their product")
     metrics: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+:[^:\s]+$")]] = Field(
         min_length=1, description="'<stage>:<dotted key>' in reports/metrics/<stage>.json")
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and validate a sweep file; every grid key must name an existing parameter."""
+def load_sweep(path: str | Path, dvc_yaml: str | Path = "dvc.yaml") -> SweepSpec:
+    """Read and validate a sweep file before anything runs: every grid value must make valid params, every target
+    and metric stage must be a stage of ``dvc_yaml`` (a metric's stage one the variants re-run), and a metric key
+    must be in its stage's metrics file where an earlier run wrote one."""
     try:
         spec = SweepSpec.model_validate(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
     except (OSError, yaml.YAMLError, ValueError) as e:
         raise ParamsError(f"{path}: {e}") from None
-    probe = {key: values[0] for key, values in spec.grid.items()}
-    with_overrides("params.yaml", probe, out=Path(".dvc/tmp/sweep-probe.yaml"))  # raises naming a bad key
+    first = {key: values[0] for key, values in spec.grid.items()}
+    for key, values in spec.grid.items():
+        for value in values:  # one key at a time at each of its values, the others at their first
+            with_overrides("params.yaml", {**first, key: value}, out=None)  # raises naming a bad key or value
+    stages = list(yaml.safe_load(Path(dvc_yaml).read_text(encoding="utf-8"))["stages"])
+    for target in spec.targets:
+        if target not in stages:
+            raise ParamsError(f"{path}: target {target!r} is not a stage of {dvc_yaml} ({', '.join(stages)})")
+    for ref in spec.metrics:
+        stage, dotted = ref.split(":", 1)
+        if stage not in stages:
+            raise ParamsError(f"{path}: metric {ref!r}: {stage!r} is not a stage of {dvc_yaml} ({', '.join(stages)})")
+        if spec.targets and stage not in spec.targets:
+            raise ParamsError(f"{path}: metric {ref!r}: stage {stage} is not among the targets {spec.targets}, so "
+                              "every variant would read the same file")
+        missing = missing_metric_key(Path("reports/metrics") / f"{stage}.json", dotted)
+        if missing:
+            raise ParamsError(f"{path}: metric {ref!r}: {missing}")
     return spec
+
+
+def missing_metric_key(path: Path, dotted: str) -> str | None:
+    """Why ``dotted`` is not a number in the metrics file ``path`` (None if it is, or if no run has written it)."""
+    if not path.exists():
+        return None
+    value: Any = json.loads(path.read_text(encoding="utf-8"))
+    for i, key in enumerate(dotted.split(".")):
+        if not isinstance(value, dict) or key not in value:
+            where = ".".join(dotted.split(".")[:i]) or "the top level"
+            keys = sorted(value) if isinstance(value, dict) else []
+            return f"no key {key!r} at {where} of {path} (keys there: {', '.join(keys[:20]) or 'none'})"
+        value = value[key]
+    return None if isinstance(value, (int, float)) else f"{dotted} in {path} is not a number"
+
+
+def hydra_value(value: Any) -> str:
+    """A value as Hydra's override grammar (what ``dvc exp run -S`` parses) reads it back unchanged: strings
+    quoted, so '1.0', 'null' or a sentence with commas stay strings; lists in its own syntax."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    # the grammar's escapes: a quote takes a backslash, and backslashes are doubled before a quote or the end
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: 2 * m[1] + ("\\'" if m[2] else ""), value) + "'"
+
+
+def set_param_args(overrides: dict[str, Any]) -> list[str]:
+    """``-S key=value`` arguments for ``dvc exp run``."""
+    return [a for k, v in overrides.items() for a in ("-S", f"{k}={hydra_value(v)}")]
 
 
 def variants(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -90,17 +146,24 @@ def read_metric(ref: str) -> float | None:
 def run_variant(spec: SweepSpec, label: str, overrides: dict[str, Any]) -> dict:
     """``dvc exp run`` one variant; its metrics as the workspace holds them right after."""
     logger = get_run_logger()
-    sets = [a for k, v in overrides.items() for a in ("-S", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")]
+    sets = set_param_args(overrides)
     env = {**os.environ, SWEEP_ENV: spec.name, VARIANT_ENV: label,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
+    # a sweep run again replaces its variants (DVC refuses a new experiment under an existing name)
+    listed = subprocess.run([sys.executable, "-m", "dvc", "exp", "list", "--name-only"], env=env,
+                            capture_output=True, text=True)
+    if label in listed.stdout.split():
+        subprocess.run([sys.executable, "-m", "dvc", "exp", "remove", label], env=env, check=True,
+                       capture_output=True)
     which = ["--force", "--single-item", *spec.targets] if spec.targets else []
     proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *which, *sets, "--name", label],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"variant {label} failed (exit {proc.returncode}):\n{tail}")
-    row = {"variant": label, **overrides, **{m: read_metric(m) for m in spec.metrics},
+    shown = {k: json.dumps(v) if isinstance(v, list) else v for k, v in overrides.items()}  # groupable
+    row = {"variant": label, **shown, **{m: read_metric(m) for m in spec.metrics},
            "seconds": round(time.perf_counter() - start, 1)}
     logger.info("%s: %s", label, {m: row[m] for m in spec.metrics})
     return row
@@ -117,7 +180,8 @@ def summarise(spec: SweepSpec, rows: list[dict]) -> pd.DataFrame:
     return agg.reset_index()
 
 
-def write_report(spec: SweepSpec, rows: list[dict]) -> Path:
+def write_report(spec: SweepSpec, rows: list[dict], planned: int) -> Path:
+    """reports/sweeps/<name>.md, .csv and .png from the variants run so far (``planned`` in all)."""
     OUT.mkdir(parents=True, exist_ok=True)
     df, summary = pd.DataFrame(rows), summarise(spec, rows)
     df.to_csv(OUT / f"{spec.name}.csv", index=False)
@@ -131,11 +195,12 @@ def write_report(spec: SweepSpec, rows: list[dict]) -> Path:
         ax.set(title=metric, ylabel="mean over seeds (bar: std)")
         ax.tick_params(axis="x", rotation=20)
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"sweep {spec.name}: {len(rows)} variants")
+    fig.suptitle(f"sweep {spec.name}: {len(rows)} of {planned} variants")
     fig.tight_layout()
     fig.savefig(OUT / f"{spec.name}.png", dpi=110)
     plt.close(fig)
-    md = [f"# Sweep `{spec.name}`\n", f"{len(rows)} variants of {', '.join(spec.grid)}; stages "
+    done = f"{len(rows)} variants" if len(rows) == planned else f"{len(rows)} of {planned} variants (the rest failed)"
+    md = [f"# Sweep `{spec.name}`\n", f"{done} of {', '.join(spec.grid)}; stages "
           f"{', '.join(spec.targets) or 'all'}. MLflow: filter `tags.\"posttrain.sweep\" = '{spec.name}'`.\n",
           "## Mean and spread over seeds\n", summary.to_markdown(index=False, floatfmt=".4f"),
           f"\n![{spec.name}]({spec.name}.png)\n", "## Every variant\n", df.to_markdown(index=False, floatfmt=".4f")]
@@ -148,8 +213,13 @@ def write_report(spec: SweepSpec, rows: list[dict]) -> Path:
 def sweep(sweep_file: str) -> dict:
     """Run every variant of ``sweep_file`` as a DVC experiment; write reports/sweeps/<name>.md."""
     spec = load_sweep(sweep_file)
-    rows = [run_variant(spec, f"{spec.name}-{i}", overrides) for i, overrides in enumerate(variants(spec))]
-    report = write_report(spec, rows)
+    planned, rows = variants(spec), []
+    try:
+        for i, overrides in enumerate(planned):
+            rows.append(run_variant(spec, f"{spec.name}-{i}", overrides))
+    finally:  # a failed variant keeps the report of those that ran
+        if rows:
+            report = write_report(spec, rows, len(planned))
     print(f"sweep {spec.name}: {len(rows)} variants -> {report}; the workspace holds the last variant "
           "(`python3 -m dvc exp show` lists them all)")
     return {"report": str(report), "rows": rows}

@@ -30,6 +30,62 @@ def test_a_sweep_metric_without_its_stage_is_refused_when_the_file_is_read(tmp_p
         load_sweep(path)
 
 
+@pytest.mark.parametrize("sweep, error", [
+    ({"grid": {"rlvr.algo": ["ar3po", "grpp"]}}, "grpp"),  # a later value of a key was never checked
+    ({"grid": {"judge.faults": [{"http_500": 0.1}]}}, "grid"),  # dvc exp run -S cannot set it
+    ({"metrics": ["evalute:accuracy"]}, "'evalute' is not a stage"),
+    ({"targets": ["rlvr_ar3po"], "metrics": ["evaluate:accuracy"]}, "not among the targets"),
+    ({"metrics": ["rlvr_ar3po:rlvr_test.acuracy"]}, "no key 'acuracy' at rlvr_test"),  # read None for every variant
+    ({"targets": ["rlvr"]}, "target 'rlvr' is not a stage"),
+])
+def test_a_sweep_is_checked_whole_before_any_variant_runs(tmp_path, monkeypatch, sweep, error):
+    root = Path(__file__).resolve().parents[1]
+    for name in ("params.yaml", "dvc.yaml"):  # a fresh checkout: no .dvc/tmp (the probe used to be written there)
+        (tmp_path / name).write_text((root / name).read_text())
+    (tmp_path / "reports/metrics").mkdir(parents=True)
+    (tmp_path / "reports/metrics/rlvr_ar3po.json").write_text('{"rlvr_test": {"accuracy": 0.6}}')
+    spec = {"name": "s", "targets": ["rlvr_ar3po"], "grid": {"rlvr.algo": ["ar3po"]},
+            "metrics": ["rlvr_ar3po:rlvr_test.accuracy"]}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(tmp_path)
+    from flows.sweep import load_sweep
+
+    assert load_sweep("sweep.yaml").grid == {"rlvr.algo": ["ar3po"]}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**spec, "targets": [], **sweep}))
+    with pytest.raises(ParamsError, match=error):
+        load_sweep("sweep.yaml")
+
+
+def test_sweep_values_reach_params_yaml_through_dvc_set_param_unchanged(tmp_path):
+    from dvc.utils.hydra import apply_overrides
+
+    from flows.sweep import set_param_args
+
+    overrides = {"judge.criteria": "Which is right, and why? It's 'B' \\ a\\b end\\", "judge.model": "1.0",
+                 "judge.hf_model": "null", "rlhf.budget": 0.2, "seed": 3, "evaluate.formats": ["cot", "pot"],
+                 "evaluate.dots": False, "task.jsonl": None}
+    path = tmp_path / "params.yaml"
+    path.write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    apply_overrides(path, set_param_args(overrides)[1::2])  # what dvc exp run -S does with them
+    raw = yaml.safe_load(path.read_text())
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".") if "." in dotted else (None, dotted)
+        got = raw[section][key] if section else raw[key]
+        assert got == value and type(got) is type(value), dotted
+
+
+def test_a_sweep_report_groups_list_values_and_says_how_many_variants_ran(tmp_path, monkeypatch):
+    import flows.sweep as sweep
+
+    spec = sweep.SweepSpec(name="fmt", grid={"evaluate.formats": [["cot"], ["pot"]], "seed": [0, 1]},
+                           metrics=["evaluate:accuracy"])
+    rows = [{"variant": f"fmt-{i}", "evaluate.formats": f'["{f}"]', "seed": s, "evaluate:accuracy": 0.5 + i / 10}
+            for i, (f, s) in enumerate([("cot", 0), ("cot", 1), ("pot", 0)])]
+    monkeypatch.setattr(sweep, "OUT", tmp_path)
+    report = sweep.write_report(spec, rows, planned=4).read_text()
+    assert "3 of 4 variants (the rest failed)" in report and '["pot"]' in report
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs/sweeps").glob("*.yaml")))
 def test_the_shipped_sweep_files_load(path):
     from flows.sweep import load_sweep
