@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 DEEPSPEED_DOC = ("a DeepSpeed JSON config for this trainer (configs/deepspeed/zero2.json, zero3.json; "
@@ -31,6 +31,11 @@ def _existing_json(path: str | None) -> str | None:
 
 
 DeepSpeedConfig = Annotated[str | None, AfterValidator(_existing_json)]
+# METHODS.md section 1's action space (posttrain/trajectories.py builds it; tests check the two agree), written out
+# here so that validating params imports no science module, which would make it a dep of every stage
+TRAJECTORY_NAMES = tuple(f"{analysis}{solution}{verify}" for analysis in ("", "rewrite+", "decompose+")
+                         for solution in ("cot", "pot") for verify in ("", "+verify"))
+DOTS_SYSTEMS = ("dots_internal", "dots_external", "sft_vanilla")  # what evaluate.dots adds (stages/evaluate.py)
 
 
 class JsonlFiles(_Section):
@@ -92,7 +97,8 @@ class TrainingParams(_Section):
     batch_size: int = Field(ge=1, description="sequences per device batch")
     grad_accum: int = Field(ge=1, description="gradient accumulation steps")
     learning_rate: float = Field(gt=0, description="peak learning rate (cosine schedule)")
-    warmup_ratio: float = Field(ge=0, le=1, description="share of steps spent warming up the learning rate")
+    warmup_ratio: float = Field(ge=0, lt=1, description="share of steps spent warming up the learning rate "
+                                                         "(below 1: transformers reads 1.0 as one step)")
     weight_decay: float = Field(ge=0, description="AdamW weight decay")
     max_length: int = Field(ge=16, description="truncate training sequences to this many tokens")
     save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point after a kill)")
@@ -127,7 +133,8 @@ class DotsSearchParams(_Section):
     n_questions: int | None = Field(ge=1, description="search the first n training questions (null = all)")
     iterations: int = Field(ge=1, description="K: search iterations")
     n_eval: int = Field(ge=1, description="N_eval: samples per candidate trajectory per iteration")
-    keep: list[int] = Field(min_length=1, description="N_k: candidates kept after each iteration (one per iteration)")
+    keep: list[Annotated[int, Field(ge=1, le=len(TRAJECTORY_NAMES))]] = Field(
+        min_length=1, description="N_k: candidates kept after each iteration (one per iteration)")
     temperature: float = Field(gt=0, description="solver sampling temperature (> 0: the search needs variety)")
     verify_retries: int = Field(ge=0, description="re-solves after a failed self-check (verify action)")
     batch_size: int = Field(ge=1, description="prompts per generation batch")
@@ -279,7 +286,8 @@ class RlhfParams(OnlinePolicyParams):
     advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
     n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
     pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
-    eval_budgets: list[float] = Field(min_length=1, description="routing evaluation: judge budgets on the benchmark")
+    eval_budgets: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        min_length=1, description="routing evaluation: judge budgets on the benchmark (shares of its pairs)")
     eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
 
 
@@ -312,6 +320,27 @@ class EvaluateParams(_Section):
     workers: int = Field(ge=0, description="Ray workers (CPUs) for the evaluation shards; 0 = in this process, one at a time")
     ray_address: str | None = Field(description="an existing Ray cluster (ray://host:10001 or auto); null = a local one")
     shard_size: int = Field(ge=1, description="questions per shard (shards never depend on the worker count)")
+
+    @field_validator("formats")
+    @classmethod
+    def _trajectory_names(cls, v):
+        if isinstance(v, list):
+            unknown = [name for name in v if name != "own_choice" and name not in TRAJECTORY_NAMES]
+            if not v or unknown or len(set(v)) < len(v):
+                raise ValueError(f"expected distinct names among own_choice, {', '.join(TRAJECTORY_NAMES)}; got {v}"
+                                 + (f" ({', '.join(map(repr, unknown))} unknown)" if unknown else ""))
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_systems(self):
+        # each name is one system of the evaluation: a repeat would be scored twice and merged, a policy that is also
+        # in models would lose its formats, and the DOTS systems' names are taken
+        names = self.models + self.policies + (list(DOTS_SYSTEMS) if self.dots else [])
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"models, policies and the DOTS systems ({', '.join(DOTS_SYSTEMS)}) must name distinct "
+                             f"systems; repeated: {', '.join(repeated)}")
+        return self
 
 
 class GenerationParams(_Section):

@@ -20,6 +20,13 @@ def test_shipped_profiles_are_valid_and_complete(profile):
     assert p.task.source == "synthetic" and p.evaluate.models
 
 
+def test_the_schema_knows_exactly_the_trajectories():
+    from posttrain.params_schema import TRAJECTORY_NAMES
+    from posttrain.trajectories import TRAJECTORIES
+
+    assert sorted(TRAJECTORY_NAMES) == sorted(t.name for t in TRAJECTORIES)
+
+
 def test_profiles_have_the_same_keys():
     def keys(d, prefix=""):
         return {prefix + k for k in d} | {x for k, v in d.items() if isinstance(v, dict) for x in keys(v, f"{prefix}{k}.")}
@@ -35,7 +42,7 @@ def test_profiles_have_the_same_keys():
     (lambda r: r["dots_search"].update(keep=[8]), "params.yaml: dots_search: keep has 1 entries, expected one per iteration (2)"),
     (lambda r: r["evaluate"].update(n_test="many"), "params.yaml: evaluate.n_test: got 'many', expected an integer"),
     (lambda r: r["task"].update(source="csv"), "params.yaml: task.source: got 'csv', expected 'synthetic' or 'jsonl'"),
-    (lambda r: r["warmup"].update(warmup_ratio=1.5), "params.yaml: warmup.warmup_ratio: got 1.5, expected less than or equal to 1"),
+    (lambda r: r["warmup"].update(warmup_ratio=1.5), "params.yaml: warmup.warmup_ratio: got 1.5, expected less than 1"),
     (lambda r: r.update(seed=1.5), "params.yaml: seed: got 1.5, expected an integer"),
     (lambda r: r["judge"].update(faults={"reset": 0.5}), "params.yaml: judge.faults.reset.[key]: got 'reset', "
      "expected 'http_500', 'http_429', 'timeout', 'malformed_json', 'truncated_json', 'no_verdict' or 'connection_reset'"),
@@ -45,6 +52,19 @@ def test_profiles_have_the_same_keys():
      "params.yaml: sft.deepspeed: 'zero9.json' is not a readable JSON file (FileNotFoundError)"),
     (lambda r: r["model"].update(num_heads=5), "params.yaml: model: num_heads (5) must divide hidden_size"),
     (lambda r: r["task"].update(source="jsonl", jsonl=None), "params.yaml: task: source is jsonl but jsonl is null"),
+    # strict types: YAML's quoted numbers and yes/no words are not what the key holds
+    (lambda r: r.update(seed=True), "params.yaml: seed: got True, expected an integer"),
+    (lambda r: r["warmup"].update(max_steps="1500"), "params.yaml: warmup.max_steps: got '1500', expected an integer"),
+    (lambda r: r["evaluate"].update(dots="yes"), "params.yaml: evaluate.dots: got 'yes', expected true or false"),
+    (lambda r: r["warmup"].update(warmup_ratio=1.0), "params.yaml: warmup.warmup_ratio: got 1.0, expected less than 1"),
+    # list items: a keep of 0 crashed the search after its first chunk; a budget of -0.3 routed 70% of the pairs
+    (lambda r: r["dots_search"].update(keep=[8, 0]), "params.yaml: dots_search.keep.1: got 0, expected greater than"),
+    (lambda r: r["rlhf"].update(eval_budgets=[0.1, 5]), "params.yaml: rlhf.eval_budgets.1: got 5, expected less than"),
+    (lambda r: r["evaluate"].update(formats=["cot", "cto"]), "params.yaml: evaluate.formats: expected distinct names"),
+    (lambda r: r["evaluate"].update(formats=["cot", "cot"]), "params.yaml: evaluate.formats: expected distinct names"),
+    (lambda r: r["evaluate"].update(formats=[]), "params.yaml: evaluate.formats: expected distinct names"),
+    (lambda r: r["evaluate"].update(models=["warmup", "rlhf"]), "params.yaml: evaluate: models, policies and the DOTS"),
+    (lambda r: r["evaluate"].update(models=["warmup", "sft_vanilla"]), "params.yaml: evaluate: models, policies and"),
 ])
 def test_bad_keys_are_named_on_one_line(mutate, expected):
     r = raw()
