@@ -34,6 +34,13 @@ def tail(tokenizer, text: str, max_tokens: int) -> str:
     return text if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
 
 
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position counted from its sequence's first real token. Without them a left-padded sequence
+    sits as far right as its batch's padding pushes it, so on a backbone with absolute position embeddings
+    (GPT-2's) its score would depend on what else is in the batch; rotary backbones (Llama's) see no change."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
 def pair_segments(question: str, a: str, b: str) -> list[str]:
     """The PM's input for (x, A, B) in five pieces; pieces 1 and 3 are the responses."""
     return [f"Question: {question}\nResponse A:", f" {a.strip()}", "\nResponse B:", f" {b.strip()}",
@@ -93,7 +100,8 @@ class PreferenceModel(nn.Module):
                 "end_a": offsets + torch.tensor([e[0] for e in ends]), "end_b": offsets + torch.tensor([e[1] for e in ends])}
 
     def pooled(self, input_ids, attention_mask, end_a, end_b) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=left_padded_positions(attention_mask)).last_hidden_state
         rows = torch.arange(len(hidden), device=hidden.device)
         return torch.cat([hidden[rows, end_a], hidden[rows, end_b]], dim=-1)
 

@@ -24,7 +24,7 @@ from trl import RewardConfig, RewardTrainer
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.modeling import device_args
 from posttrain.params_schema import RewardModelParams
-from posttrain.preference_model import PreferenceModel, tail
+from posttrain.preference_model import PreferenceModel, left_padded_positions, tail
 
 
 def tie_sample(pairs: list[dict], ties: list[dict], tie_share: float, seed: int) -> list[dict]:
@@ -112,5 +112,5 @@ def pointwise_scores(model, tokenizer, question_response: list[tuple[str, str]],
     out = []
     for i in tqdm(range(0, len(texts), batch_size), desc="pointwise RM", unit="batch"):
         enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True)
-        out.extend(model(**enc).logits[:, 0].tolist())
+        out.extend(model(**enc, position_ids=left_padded_positions(enc["attention_mask"])).logits[:, 0].tolist())
     return out

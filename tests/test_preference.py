@@ -104,6 +104,38 @@ def test_the_pair_variance_is_the_mean_or_the_max_of_both_orders(tiny):
     assert torch.allclose(pm.score(triples, reduce="max")[1], torch.maximum(v_ab, v_ba), atol=1e-6)
 
 
+def test_a_pairs_score_does_not_depend_on_its_batch_on_an_absolute_position_backbone(tiny, tmp_path):
+    """Left padding shifted a short pair as far right as a long batch mate's length, which a GPT-2-style backbone
+    (learned absolute positions) reads as different input: g moved 0.18 -> 0.35 and the variance 0.92 -> 0.001."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+    from posttrain.preference_training import pointwise_scores
+
+    config = GPT2Config(vocab_size=len(tiny.tok), n_embd=32, n_layer=1, n_head=2, n_positions=512,
+                        pad_token_id=tiny.tok.pad_token_id, eos_token_id=tiny.tok.eos_token_id)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    tiny.tok.save_pretrained(tmp_path / "gpt2")
+    q = tiny.problems[0].question
+    short, long = (q, "Answer: 5", "Answer: 9"), (q, "step " * 40 + "Answer: 5", "step " * 40 + "Answer: 9")
+    torch.manual_seed(1)
+    pm = PreferenceModel.from_backbone(str(tmp_path / "gpt2"), HEAD_CFG)
+    pm.fit_posterior([short, long])
+    (g_alone, v_alone), (g_batch, v_batch) = pm.score([short]), pm.score([short, long])
+    assert torch.allclose(g_alone, g_batch[:1], atol=1e-5) and torch.allclose(v_alone, v_batch[:1], atol=1e-5)
+
+    rm = GPT2ForSequenceClassification(GPT2Config(**{**config.to_dict(), "num_labels": 1})).eval()
+    tok = tiny.tok
+    tok.padding_side, before = "left", tok.padding_side
+    try:
+        with torch.no_grad():
+            alone = pointwise_scores(rm, tok, [short[:2]], 64)
+            batch = pointwise_scores(rm, tok, [short[:2], long[:2]], 64)
+    finally:
+        tok.padding_side = before
+    assert alone[0] == pytest.approx(batch[0], abs=1e-5)
+
+
 def test_scoring_one_batch_draws_no_progress_bar_and_several_batches_do(tiny, capsys):
     pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
     triples = [(tiny.problems[0].question, "Answer: 5", "Answer: 7")] * 3
