@@ -62,9 +62,10 @@ def training_pairs(samples: list[dict], label: str) -> list[dict]:
         first = group[0]
         winners = [s for s in group if s[key]]
         losers = [s for s in group if not s[key]]
-        for s in losers:
-            pairs.append({"id": s["id"], "question": s["question"], "chosen": s["anchor"], "rejected": s["response"],
-                          "source": "anchor_vs_reference", "label": label})
+        for s in losers:  # a loser may be the anchor's own text (the anchor rule judges h_w, not the text)
+            if s["response"].strip() != s["anchor"].strip():
+                pairs.append({"id": s["id"], "question": s["question"], "chosen": s["anchor"],
+                              "rejected": s["response"], "source": "anchor_vs_reference", "label": label})
         for w in winners:
             for s in losers:
                 if w["response"] != s["response"]:
@@ -121,6 +122,8 @@ def benchmark_pairs(records: list[dict], responses: dict[str, list[dict]], pairs
         rs = [r for r in responses.get(rec["id"], []) if r["response"].strip()]
         kinds = {"decisive": [], "both_wrong": [], "both_right": []}
         for a, b in combinations(rs, 2):
+            if a["response"].strip() == b["response"].strip():
+                continue  # a sample that reproduces the reference solution is no pair with it
             if a["correct"] != b["correct"]:
                 kinds["decisive"].append((a, b))
             elif not a["correct"] and a["predicted"] != b["predicted"]:

@@ -227,6 +227,10 @@ def test_training_pairs_follow_the_chosen_label():
     assert by_verifier == {("ANCHOR", "wrong"), ("right", "wrong")}
     by_anchor = {(p["chosen"], p["rejected"]) for p in training_pairs(samples, "anchor")}
     assert by_anchor == {("ANCHOR", "right"), ("wrong", "right")}
+    # a sample that reproduces its anchor is no pair with it, whichever rule calls it a loser
+    samples.append(_sample(1, "ANCHOR", False, False))
+    for label in ("verifier", "anchor"):
+        assert all(p["chosen"].strip() != p["rejected"].strip() for p in training_pairs(samples, label))
 
 
 def test_tie_pairs_join_samples_with_the_same_verdict_and_winners_with_their_anchor():
@@ -303,6 +307,10 @@ def test_benchmark_pairs_are_labelled_balanced_and_leak_checked():
     assert len({p["id"] for p in pairs if p["kind"] == "decisive" and p["difficulty"] == 1}) == 3
     assert {p["label"] for p in pairs if p["kind"] == "decisive"} == {"A", "B"}
     check_no_leakage(pairs, [{"id": "train-1", "question": "another"}], "bench")
+    # the reference solution and a sample that reproduces it (its token count with EOS) make no tie pair
+    same = {"t0": [_resp("a", True, 5, 10, "reference"), _resp("a ", True, 5, 11), _resp("b", False, 6, 10)]}
+    pairs = benchmark_pairs(records[:1], same, pairs_per_difficulty=4, hard_pairs_per_difficulty=2, seed=0)
+    assert all(p["a"].strip() != p["b"].strip() for p in pairs) and len(pairs) == 2
     with pytest.raises(DataError, match="t0"):
         check_no_leakage(pairs, [{"id": "x", "question": "Test question 0 "}], "bench")
 
