@@ -25,7 +25,7 @@ from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
-from posttrain.params_schema import EvaluateParams
+from posttrain.params_schema import EvaluateParams, Params
 from posttrain.sharded_evaluation import SOLVER, plan_shards, run_shards
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
@@ -63,7 +63,7 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
         ax.set(title=f"{name}: accuracy {s['accuracy']:.2f}", xlabel="difficulty (operations)",
                ylabel="test accuracy", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper right", ncol=2)
+    max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7, loc="upper right", ncol=2)  # the most lines
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
@@ -83,6 +83,14 @@ def systems_to_evaluate(cfg: EvaluateParams, formats: list[str]) -> tuple[dict, 
     return systems, dirs
 
 
+def scoring_params(params: Params) -> dict:
+    """What decides a shard's scores: a resume after a kill keeps the finished shards when only how many workers
+    ran them changed (the first thing to lower after running out of memory)."""
+    return {"sandbox": params.sandbox.model_dump(exclude={"workers"}),
+            "evaluate": params.evaluate.model_dump(exclude={"workers", "ray_address"}),
+            "generation": params.generation.model_dump()}
+
+
 @stage_main
 def main() -> None:
     params = load_params()
@@ -95,7 +103,7 @@ def main() -> None:
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        done_dir = claim_checkpoint_dir(CHECKPOINTS, params, params.seed,
+        done_dir = claim_checkpoint_dir(CHECKPOINTS, scoring_params(params), params.seed,
                                   [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})])
         already = sum((done_dir / s.filename).is_file() for s in shards)
         if already:

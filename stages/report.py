@@ -43,8 +43,8 @@ def accuracy_by_stage(evaluate: dict, rlhf: dict | None, rlvr: dict | None) -> p
     rows = []
     for key, label in STAGES:
         summary = evaluate.get(key)
-        if key == "warmup" and summary:
-            summary = summary["by_format"].get("own_choice", summary)
+        if key == "warmup" and summary:  # its own choice only: the mean over static formats is another system
+            summary = summary["by_format"].get("own_choice")
         if summary is None and key == "rlhf" and rlhf:
             summary = rlhf["rlhf_test"]
         if summary is None and key == "rlvr" and rlvr:

@@ -123,3 +123,27 @@ def test_a_killed_pipeline_runs_parent_run_is_closed_by_the_next_pipeline_run(tm
     assert client.get_run(killed.info.run_id).info.status == "FAILED"
     (new,) = [r for r in client.search_runs([experiment_id]) if r.info.run_id != killed.info.run_id]
     assert new.info.status == "FINISHED" and new.data.tags["posttrain.pid"] == str(os.getpid())
+
+
+def test_the_warmup_row_is_its_own_choice_or_nothing():
+    from stages.report import accuracy_by_stage
+
+    static_only = {"warmup": {"accuracy": 0.55, "by_difficulty": {"1": 0.55},
+                              "by_format": {"cot": {"accuracy": 0.3, "by_difficulty": {"1": 0.3}},
+                                            "pot": {"accuracy": 0.8, "by_difficulty": {"1": 0.8}}}}}
+    assert accuracy_by_stage(static_only, None, None).empty  # was 'warm-up (own choice) 0.55', the formats' mean
+    static_only["warmup"]["by_format"]["own_choice"] = {"accuracy": 0.4, "by_difficulty": {"1": 0.4}}
+    assert accuracy_by_stage(static_only, None, None)["accuracy"].tolist() == [0.4]
+
+
+def test_the_accuracy_plot_labels_the_panel_with_the_trajectory_lines(tmp_path, monkeypatch):
+    import stages.evaluate as evaluate
+
+    figures = []
+    monkeypatch.setattr(evaluate.plt, "close", figures.append)
+    line = {"accuracy": 0.5, "by_difficulty": {"1": 0.5, "2": 0.4}}
+    evaluate.plot_accuracy({"warmup": {"accuracy": 0.5, "by_format": {"cot": line, "pot": line, "own_choice": line}},
+                            "rlvr": {"accuracy": 0.5, "by_format": {"own_choice": line}}}, tmp_path / "acc.png")
+    warmup, rlvr = figures[0].axes
+    assert warmup.get_legend() is not None and rlvr.get_legend() is None
+    assert (tmp_path / "acc.png").stat().st_size > 1000
