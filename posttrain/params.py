@@ -10,9 +10,12 @@ Example:
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedSeq
 from pydantic import BaseModel, ValidationError
 
 from posttrain.errors import UserError
@@ -82,14 +85,33 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return parse_params(raw, str(path))
 
 
+def _round_trip_yaml() -> YAML:
+    """ruamel's round-trip YAML as params.yaml is written: quotes, null and long comment lines kept."""
+    rt = YAML()
+    rt.preserve_quotes, rt.width = True, 4096
+    rt.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return rt
+
+
+def _flow_style(value: object) -> object:
+    """A list written inline (``[8, 3]``), as params.yaml writes its lists."""
+    if isinstance(value, list):
+        seq = CommentedSeq(_flow_style(v) for v in value)
+        seq.fa.set_flow_style()
+        return seq
+    return value
+
+
 def with_overrides(base: str | Path, overrides: dict[str, object] | None,
                    out: str | Path | None = "params.yaml") -> Params:
     """Write ``base`` (a params file) with dotted ``overrides`` (``{"rlhf.budget": 0.2}``) applied to ``out``,
     after validating the result; as ``dvc exp run --set-param`` does, the workspace's params.yaml changes.
     ``out=None`` only validates and returns them (a bench's command-line overrides).
 
-    A key that names no existing parameter is an error naming it (a typo must not start a long run)."""
-    raw = yaml.safe_load(Path(base).read_text(encoding="utf-8"))
+    A key that names no existing parameter is an error naming it (a typo must not start a long run). The file is
+    rewritten round-trip, its comments (the one-line docs of the keys) and key order kept."""
+    text = Path(base).read_text(encoding="utf-8")
+    raw = _round_trip_yaml().load(text)
     for dotted, value in (overrides or {}).items():
         *parents, leaf = dotted.split(".")
         node = raw
@@ -99,12 +121,14 @@ def with_overrides(base: str | Path, overrides: dict[str, object] | None,
             node = node[key]
         if leaf not in node:
             raise ParamsError(f"override {dotted!r}: no parameter {leaf!r} in {base}")
-        node[leaf] = value
-    params = parse_params(raw, f"{base} with overrides {sorted(overrides or {})}")
+        node[leaf] = _flow_style(value)
+    written = io.StringIO()
+    _round_trip_yaml().dump(raw, written)
+    params = parse_params(yaml.safe_load(written.getvalue()), f"{base} with overrides {sorted(overrides or {})}")
     if out is None:
         return params
     tmp = Path(out).with_suffix(".yaml.tmp")
-    tmp.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    tmp.write_text(written.getvalue(), encoding="utf-8")
     tmp.replace(out)
     return params
 

@@ -122,6 +122,21 @@ def test_overrides_are_validated_and_written(tmp_path):
     assert load_params(out).rlhf.budget == 0.2  # a bad override leaves the file as it was
 
 
+def test_overrides_change_their_lines_only_and_keep_the_comments(tmp_path):
+    """The file was rewritten by yaml.safe_dump: all 68 comment lines (the keys' one-line docs) went."""
+    import difflib
+
+    out = tmp_path / "params.yaml"
+    with_overrides(ROOT / "params.yaml", {"rlhf.budget": 0.2, "dots_search.keep": [6, 2], "task.jsonl": None}, out)
+    changed = [line for line in difflib.unified_diff((ROOT / "params.yaml").read_text().splitlines(),
+                                                     out.read_text().splitlines(), lineterm="", n=0)
+               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert sorted(changed) == sorted([
+        "-  keep: [8, 3]               # N_1, N_2", "+  keep: [6, 2]               # N_1, N_2",
+        *(f"{sign}  budget: {v}                # uncertainty_budget / random: share of each step's non-identical "
+          "pairs judged" for sign, v in (("-", 0.1), ("+", 0.2)))]), changed
+
+
 def test_overrides_without_out_validate_and_write_nothing(tmp_path, monkeypatch):
     base = ROOT / "configs/params.smoke.yaml"
     before = base.read_text()
