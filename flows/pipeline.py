@@ -75,6 +75,8 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
     ``profile``: a params file to start from (default: params.yaml as it is); ``overrides``: dotted keys set on it
     (``{"rlhf.budget": 0.2}``). Either one rewrites params.yaml before the stages run."""
     every = stage_order()  # reads dvc.yaml through DVC's Repo: once
+    if stages is not None and not stages:  # an emptied list in the Prefect UI would run nothing and exit green
+        raise ParamsError(f"no stages named; leave stages unset for all of them ({', '.join(every)})")
     unknown = sorted(set(stages or []) - set(every))
     if unknown:  # a typo would otherwise run nothing and report the old metrics as this run's
         raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(every)}")

@@ -25,9 +25,10 @@ import yaml
 def clone_workspace(source: Path, dest: Path, profile: str | None = None) -> Path:
     """Copy the files git tracks (or would track) from ``source`` into ``dest``, without generated
     outputs or ``dvc.lock``; optionally use ``profile`` as params.yaml; commit it all."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=source,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
+    # -z: NUL-separated, unquoted names (a plain listing splits 'user data.jsonl' and quotes non-ASCII names)
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for f in filter(None, files):
         if (source / f).is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / f, dest / f)

@@ -60,8 +60,8 @@ def test_every_file_the_stages_write_is_a_declared_output(repro):
     repo, _ = repro
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     outs = [o["path"] for stage in lock.values() for o in stage.get("outs", [])]
-    copied = set(subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.split())  # what clone_workspace copied
+    copied = set(subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.split("\0"))  # what clone_workspace copied
     written = [rel for top in ("data", "models", "reports") for f in (repo / top).rglob("*")
                if f.is_file() and f.name != ".gitignore" and (rel := str(f.relative_to(repo))) not in copied]
     undeclared = [f for f in written if not any(f == o or f.startswith(o.rstrip("/") + "/") for o in outs)]

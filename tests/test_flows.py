@@ -147,3 +147,14 @@ def test_the_accuracy_plot_labels_the_panel_with_the_trajectory_lines(tmp_path, 
     warmup, rlvr = figures[0].axes
     assert warmup.get_legend() is not None and rlvr.get_legend() is None
     assert (tmp_path / "acc.png").stat().st_size > 1000
+
+
+def test_an_empty_stage_list_is_an_error_not_a_green_run_of_nothing(monkeypatch):
+    import flows.pipeline
+
+    def no_stage_may_run(*args):
+        raise AssertionError("ran something")
+    monkeypatch.setattr(flows.pipeline, "run_stage", no_stage_may_run)
+    monkeypatch.setattr(flows.pipeline, "configure", no_stage_may_run)
+    with pytest.raises(ParamsError, match="no stages named"):
+        flows.pipeline.pipeline.fn([])

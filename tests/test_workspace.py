@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,3 +99,17 @@ def test_run_and_kill_kills_the_whole_process_group_at_the_chosen_moment(tmp_pat
 def test_run_and_kill_reports_a_command_that_exits_first(tmp_path):
     ran = run_and_kill([sys.executable, "-c", "raise SystemExit(3)"], tmp_path, dict(os.environ), lambda _: False)
     assert not ran.killed and ran.returncode == 3
+
+
+def test_a_workspace_copy_takes_names_with_spaces_and_non_ascii(tmp_path):
+    from posttrain.workspace import clone_workspace
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "user_data").mkdir(parents=True)
+    names = ["plain.txt", "user_data/user data.jsonl", "é.txt"]
+    for name in names:
+        (src / name).write_text(name)
+    subprocess.run(["git", "init", "-q"], cwd=src, check=True)
+    dest.mkdir()
+    clone_workspace(src, dest)
+    assert all((dest / name).read_text() == name for name in names)  # only plain.txt came across
