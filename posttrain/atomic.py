@@ -1,7 +1,8 @@
 """Atomic writes: a killed stage never leaves a half-written output for DVC to cache.
 
 Files are written to a temporary sibling and renamed into place; directories are built in a
-temporary sibling and swapped in with one rename. The siblings are made by plain ``open``/``mkdir``, so outputs
+temporary sibling and swapped in by two renames (the old one aside, the new one in: POSIX has no portable
+exchange of two directories), and a kill between them is undone on the next write of that directory. The siblings are made by plain ``open``/``mkdir``, so outputs
 get the user's umask like any other file (``tempfile``'s private 0600 / 0700 modes would leave every model and
 report unreadable to the rest of a team, or to an MLflow or Prefect server running as another user).
 """
@@ -50,18 +51,20 @@ def atomic_dir(path: str | Path):
     """Yield a temporary directory; on success it replaces ``path`` whole, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.with_name(f".{path.name}.old")
+    if old.is_dir() and not path.exists():  # a kill between the two renames of an earlier swap: put it back
+        os.replace(old, path)
     tmp = temporary_sibling(path)
     tmp.mkdir()
     try:
         yield tmp
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)

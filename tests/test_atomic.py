@@ -41,3 +41,25 @@ def test_a_rewrite_replaces_the_file_and_leaves_no_temporary(tmp_path):
     atomic_write_json(tmp_path / "state.json", {"step": 2})
     assert (tmp_path / "state.json").read_text() == '{\n  "step": 2\n}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_swap_cut_between_its_two_renames_is_undone_by_the_next_write(tmp_path, monkeypatch):
+    import posttrain.atomic
+
+    with atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("old")
+    renames = []
+
+    def cut_after_one(src, dst):  # the process dies after moving the old directory aside
+        if renames:
+            raise KeyboardInterrupt("killed")
+        renames.append(src)
+        os.rename(src, dst)
+    monkeypatch.setattr(posttrain.atomic.os, "replace", cut_after_one)
+    with pytest.raises(KeyboardInterrupt), atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old"]  # no temporary left
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "model") as d:
+        raise RuntimeError("the next build fails too")
+    assert (tmp_path / "model" / "weights").read_text() == "old"
