@@ -26,7 +26,7 @@ from collections import defaultdict
 from itertools import combinations
 
 from posttrain.task.arithmetic import Problem
-from posttrain.task.records import DataError
+from posttrain.task.records import DataError, normalized_question
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, split_choice
 
@@ -152,8 +152,8 @@ def benchmark_pairs(records: list[dict], responses: dict[str, list[dict]], pairs
 def check_no_leakage(pairs: list[dict], train_records: list[dict], where: str) -> None:
     """Raise DataError if a benchmark question (by id or by text) is also a training question."""
     ids = {r["id"] for r in train_records}
-    questions = {r["question"].strip().lower() for r in train_records}
-    leaked = sorted({p["id"] for p in pairs if p["id"] in ids or p["question"].strip().lower() in questions})
+    questions = {normalized_question(r["question"]) for r in train_records}
+    leaked = sorted({p["id"] for p in pairs if p["id"] in ids or normalized_question(p["question"]) in questions})
     if leaked:
         raise DataError(f"{where}: {len(leaked)} benchmark questions are also training questions "
                         f"(first: {leaked[:3]}); build the benchmark from the test split only")

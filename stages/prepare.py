@@ -15,7 +15,7 @@ from posttrain.errors import stage_main
 from posttrain.params import load_params
 from posttrain.params_schema import Params, PrepareParams, TaskParams
 from posttrain.task.arithmetic import Problem, generate_problems
-from posttrain.task.records import DataError, find_split_overlaps, read_records
+from posttrain.task.records import DataError, find_split_overlaps, normalized_question, read_records
 from posttrain.tracking import stage_run
 
 OUT = "data/prepared"
@@ -52,10 +52,11 @@ def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str
     seen_questions: set[str] = set()
     cleaned = {}
     for name in SPLITS:
-        kept = [r for r in splits[name] if r["id"] not in seen_ids and r["question"] not in seen_questions]
+        kept = [r for r in splits[name]
+                if r["id"] not in seen_ids and normalized_question(r["question"]) not in seen_questions]
         print(f"prepare: dropped {len(splits[name]) - len(kept)} overlapping records from {name}")
         seen_ids |= {r["id"] for r in kept}
-        seen_questions |= {r["question"] for r in kept}
+        seen_questions |= {normalized_question(r["question"]) for r in kept}
         cleaned[name] = kept
     return cleaned
 
@@ -88,11 +89,21 @@ def check_domain_fields(records: list[dict], path: str) -> None:
         if r["form"] not in ("words", "expression"):
             raise DataError(f"{where}: form: got {r['form']!r}, expected 'words' or 'expression'")
         try:
-            computed = Problem.from_fields(r).answer
+            problem = Problem.from_fields(r)
+            values = problem.values()
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
             raise DataError(f"{where}: steps: cannot be read as [op, operand] pairs ({e})") from None
-        if computed != r["answer"]:
-            raise DataError(f"{where}: answer: {r['answer']}, but start and steps compute {computed}")
+        if values[-1] != r["answer"]:
+            raise DataError(f"{where}: answer: {r['answer']}, but start and steps compute {values[-1]}")
+        for i, (step, before) in enumerate(zip(problem.steps, values)):
+            # integer chains: a worked solution writes 7 / 2 = 3, and its self-check fails
+            if step.op == "div" and not step.repeat and before % step.operand:
+                raise DataError(f"{where}: steps[{i}]: {before} / {step.operand} is not a whole number")
+        try:  # the two forms every trajectory's prompt and rewrite are rendered from
+            problem.words(), problem.expression()
+        except (KeyError, IndexError) as e:
+            raise DataError(f"{where}: steps/phrasing: the question cannot be phrased ({type(e).__name__}: {e}); a "
+                            "repeated block's op is add or mul, and a phrasing index must exist for its step's op")
 
 
 def prepare(params: Params) -> dict[str, list[dict]]:

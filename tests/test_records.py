@@ -61,6 +61,13 @@ def test_overlaps_reported_or_dropped():
     assert len(cleaned["train"]) == 2 and cleaned["dev"] == [] and cleaned["test"] == []
 
 
+def test_a_question_differing_only_in_case_or_spacing_is_an_overlap():
+    splits = {"train": [{**GOOD, "id": "a", "question": "Compute 7 + 5."}],
+              "dev": [{**GOOD, "id": "d", "question": "compute  7 + 5. "}], "test": []}
+    assert find_split_overlaps(splits) == ["question 'Compute 7 + 5.' is in both train and dev"]
+    assert resolve_overlaps(splits, "drop")["dev"] == []
+
+
 def test_synthetic_splits_share_nothing():
     p = load_params("configs/params.smoke.yaml")
     splits = synthetic_splits(p.task, p.prepare, p.seed)
@@ -91,6 +98,14 @@ def test_jsonl_source_goes_through_the_same_path(tmp_path):
     ({**GOOD, "form": "latex", "start": 1, "steps": [["add", 1]]}, r"dev.jsonl: row 'd1': form: got 'latex'"),
     ({**GOOD, "answer": 99, "form": "expression", "start": 1, "steps": [["add", 1]]},
      r"dev.jsonl: row 'd1': answer: 99, but start and steps compute 2"),
+    # a floored division: the worked solution would write 7 / 2 = 3 and fail its own check
+    ({**GOOD, "answer": 3, "form": "expression", "start": 7, "steps": [["div", 2]]},
+     r"dev.jsonl: row 'd1': steps\[0\]: 7 / 2 is not a whole number"),
+    # no wording for a repeated 'sub' block, or for a phrasing index past the templates: a bare error in base_model
+    ({**GOOD, "answer": 5, "form": "words", "start": 5, "steps": [["sub", 2, 1000]]},
+     r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(KeyError"),
+    ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": [9]},
+     r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(IndexError"),
 ])
 def test_a_user_row_the_pipeline_cannot_render_is_named_by_file_and_row(tmp_path, row, problem):
     files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")

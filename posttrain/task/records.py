@@ -83,15 +83,23 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
+def normalized_question(question: str) -> str:
+    """A question as overlap checks compare it: case and runs of whitespace do not make another question."""
+    return " ".join(question.lower().split())
+
+
 def find_split_overlaps(splits: dict[str, list[dict]]) -> list[str]:
-    """Human-readable lines for every id or question shared by two splits (empty when clean)."""
+    """Human-readable lines for every id or question (``normalized_question``) shared by two splits (empty when
+    clean)."""
     problems: list[str] = []
     names = list(splits)
+    keyed = {"id": lambda r: r["id"], "question": lambda r: normalized_question(r["question"])}
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            for key in ("id", "question"):
-                shared = {r[key] for r in splits[a]} & {r[key] for r in splits[b]}
-                for value in sorted(shared)[:5]:
+            for key, of in keyed.items():
+                shown = {of(r): r[key] for r in splits[a]}  # a shared value is shown as split a writes it
+                shared = sorted(shown[v] for v in set(shown) & {of(r) for r in splits[b]})
+                for value in shared[:5]:
                     problems.append(f"{key} {value!r} is in both {a} and {b}")
                 if len(shared) > 5:
                     problems.append(f"... and {len(shared) - 5} more {key}s shared by {a} and {b}")
