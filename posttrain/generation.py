@@ -50,7 +50,11 @@ class HFGenerator:
         lengths = [len(ids) for ids in tok(prompts, add_special_tokens=False)["input_ids"]]
         order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
         out: list[Completion | None] = [None] * len(prompts)
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {"do_sample": False}
+        # plain sampling (or greedy): a hub model's generation_config may carry its own top_p, min_p or repetition
+        # penalty, which would change DOTS's success rates and SePPO's samples, and part HF from vLLM
+        plain = {"top_k": 0, "top_p": 1.0, "min_p": None, "repetition_penalty": 1.0}
+        sampling = {"do_sample": True, "temperature": temperature, **plain} if temperature > 0 else \
+            {"do_sample": False, "repetition_penalty": 1.0}
         for start in tqdm(range(0, len(order), self.batch_size), desc=desc, unit="batch", disable=not progress):
             idx = order[start:start + self.batch_size]
             batch = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)

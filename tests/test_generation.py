@@ -38,3 +38,14 @@ def test_rl_stages_hand_the_vllm_mode_to_trl():
     assert (server.use_vllm, server.vllm_mode, server.vllm_server_base_url) == (True, "server", "http://127.0.0.1:8000")
     colocate = grpo_config(params.rlhf.model_copy(update={"vllm": "colocate"}), Path("/tmp/unused"), seed=0)
     assert (colocate.use_vllm, colocate.vllm_mode, colocate.vllm_server_base_url) == (True, "colocate", None)
+
+
+def test_sampling_is_plain_whatever_the_models_generation_config_says(tmp_path):
+    """A hub model's generation_config (top_p 0.3, a repetition penalty) changed what the same seed sampled."""
+    tiny = tiny_scratch_model(tmp_path / "m", n_problems=6, seed=1)
+    prompts = [prompt(p.question) for p in tiny.problems]
+    generator = HFGenerator(tiny.model, tiny.tok, batch_size=8, max_new_tokens=24)
+    plain = [generator.generate(prompts, temperature, seed=7, progress=False) for temperature in (0.0, 1.0)]
+    tiny.model.generation_config.top_p = 0.3
+    tiny.model.generation_config.repetition_penalty = 1.3
+    assert [generator.generate(prompts, temperature, seed=7, progress=False) for temperature in (0.0, 1.0)] == plain
