@@ -96,9 +96,12 @@ class VLLMGenerator:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        # vLLM's defaults apply no top-k and no top-p, as HFGenerator's sampling does.
-        sampling = SamplingParams(temperature=temperature, max_tokens=self.max_new_tokens, seed=seed if temperature > 0 else None,
-                                  skip_special_tokens=True)
+        # vLLM's defaults apply no top-k and no top-p, as HFGenerator's sampling does. One seed per prompt: a single
+        # seeded SamplingParams is broadcast to the whole batch, so a prompt repeated in it (DOTS's n_eval samples,
+        # GRPO's group) would be sampled n times alike (vllm-project/vllm#50440)
+        sampling = [SamplingParams(temperature=temperature, max_tokens=self.max_new_tokens,
+                                   seed=seed + i if temperature > 0 else None, skip_special_tokens=True)
+                    for i in range(len(prompts))]
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], sampling, use_tqdm=progress)
         return [Completion(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]

@@ -49,3 +49,46 @@ def test_sampling_is_plain_whatever_the_models_generation_config_says(tmp_path):
     tiny.model.generation_config.top_p = 0.3
     tiny.model.generation_config.repetition_penalty = 1.3
     assert [generator.generate(prompts, temperature, seed=7, progress=False) for temperature in (0.0, 1.0)] == plain
+
+
+def test_vllm_gets_one_seed_per_prompt_so_a_repeated_prompt_is_sampled_afresh(monkeypatch):
+    """vLLM broadcasts one seeded SamplingParams to the whole batch and seeds each request alike, so DOTS's n_eval
+    copies of a prompt came back as one sample n times. A stand-in vllm module records what the engine is given."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from posttrain.generation import VLLMGenerator
+
+    @dataclass
+    class SamplingParams:
+        temperature: float
+        max_tokens: int
+        seed: int | None
+        skip_special_tokens: bool
+
+    given = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            pass
+
+        def get_tokenizer(self):
+            return lambda prompts, add_special_tokens: {"input_ids": [[1, 2]] * len(prompts)}
+
+        def generate(self, prompts, sampling, use_tqdm):
+            given.append(sampling)
+            out = types.SimpleNamespace(text="Answer: 1", token_ids=[3, 4])
+            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    generator = VLLMGenerator("unused", max_new_tokens=8, engine=HF.model_copy(update={"engine": "vllm"}), seed=0)
+    generator.generate(["Q"] * 4, temperature=0.7, seed=100, progress=False)
+    generator.generate(["Q"] * 2, temperature=0.0, progress=False)
+    assert [p.seed for p in given[0]] == [100, 101, 102, 103]
+    assert [p.seed for p in given[1]] == [None, None]
