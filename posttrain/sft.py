@@ -27,9 +27,12 @@ from posttrain.modeling import device_args, load_pretrained
 from posttrain.params_schema import WarmupParams
 
 
-def tokens_seen(log_history: list[dict]) -> int:
-    """Training tokens so far, as TRL logs them (``num_tokens``, cumulative)."""
-    return int(max((log.get("num_tokens", 0) for log in log_history), default=0))
+def session_tokens(log_history: list[dict], resumed_at_step: int) -> int:
+    """Training tokens of this session, as TRL logs them (``num_tokens``): its count is cumulative within a session
+    and starts again at 0 on a resume (SFTTrainer does not restore it), so only the entries after the resumed
+    step are this session's."""
+    return int(max((log.get("num_tokens", 0) for log in log_history if log.get("step", 0) > resumed_at_step),
+                   default=0))
 
 
 def last_logged_loss(log_history: list[dict], default: float) -> float:
@@ -83,13 +86,13 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     if resume:
         print(f"{name}: resuming from {resume}")
         mlflow.set_tag(f"{name}.resumed_from", resume)
-    # train_runtime covers this session only; read the tokens before training rotates the checkpoint away
-    tokens_before = tokens_seen(json.loads((Path(resume) / "trainer_state.json").read_text())["log_history"]) \
-        if resume else 0
+    # train_runtime covers this session only, and so do the tokens counted (read the step before training rotates
+    # the checkpoint away)
+    resumed_at = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     args = sft_config(cfg, ckpt, seed, keep_all=snapshots is not None)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=resume)
-    n_tokens = tokens_seen(trainer.state.log_history) - tokens_before
+    n_tokens = session_tokens(trainer.state.log_history, resumed_at)
     summary = {"train_tokens": n_tokens, "train_tokens_per_s": n_tokens / max(result.metrics["train_runtime"], 1e-9),
                "final_loss": last_logged_loss(trainer.state.log_history, result.metrics["train_loss"]),
                "n_examples": len(examples)}
