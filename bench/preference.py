@@ -37,7 +37,8 @@ OUT = Path("reports/bench/preference.json")
 KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "spearman_uncertainty_correct",
         "accuracy_lowest_uncertainty_decile", "accuracy_highest_uncertainty_decile", "spearman_variance_correct",
         "accuracy_lowest_variance_decile", "accuracy_highest_variance_decile", "spearman_margin_correct",
-        "tie_mean_abs_p_minus_half", "routed_5", "routed_10", "routed_20", "gap_closed_10", "random_gap_closed_10")
+        "tie_mean_abs_p_minus_half", "tie_mean_abs_p_raw_minus_half", "routed_5", "routed_10", "routed_20",
+        "gap_closed_10", "random_gap_closed_10")
 ROUTING_BUDGETS, RANDOM_SEEDS = [0.05, 0.1, 0.2], list(range(5))
 
 

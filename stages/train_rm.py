@@ -79,7 +79,9 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
         "spearman_margin_correct": spearman([-abs(g[i].item()) for i in decisive], correct),
         "mean_uncertainty_decisive": sum(unc) / len(unc),
         "mean_uncertainty_tie": sum(u[i].item() for i in ties) / len(ties) if ties else None,
+        # on ties: the calibrated p = sigmoid(g/u), and the raw sigmoid(g) whose logit RLHF's advantages are made of
         "tie_mean_abs_p_minus_half": sum(abs(p_cal[i] - 0.5) for i in ties) / len(ties) if ties else None,
+        "tie_mean_abs_p_raw_minus_half": sum(abs(p_raw[i] - 0.5) for i in ties) / len(ties) if ties else None,
         "pm_accuracy_by_difficulty": {}, "pointwise_accuracy_by_difficulty": {},
     }
     for d in sorted({pairs[i]["difficulty"] for i in decisive}):

@@ -368,3 +368,14 @@ def test_the_pointwise_rm_logs_to_a_run_of_its_own(tiny, tmp_path):
         assert client.get_run(parent.info.run_id).data.params["max_steps"] == "1067"
     finally:
         mlflow.set_tracking_uri(before)
+
+
+def test_the_benchmark_report_gives_the_raw_and_the_calibrated_tie_figure():
+    """The tie figure read sigmoid(g/u) alone, which u shrinks toward 1/2; RLHF's advantages use the raw g."""
+    from stages.train_rm import benchmark_report
+
+    pairs = [{"label": "A", "difficulty": 1}, {"label": "B", "difficulty": 1}, {"label": "tie", "difficulty": 1}]
+    metrics, _ = benchmark_report(pairs, torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.0, 0.0, 1.0]), lam=10.0,
+                                  pointwise_margin=[1.0, -1.0, 0.0])
+    assert metrics["tie_mean_abs_p_raw_minus_half"] == pytest.approx(torch.sigmoid(torch.tensor(2.0)).item() - 0.5)
+    assert metrics["tie_mean_abs_p_minus_half"] < metrics["tie_mean_abs_p_raw_minus_half"] / 2
