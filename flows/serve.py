@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cron", default="0 3 * * *", help="schedule of the default deployment ('' = none)")
     args = ap.parse_args(argv)
-    serve(*deployments(args.cron or None))
+    # one run at a time: a run with a profile or overrides rewrites params.yaml under another's remaining stages,
+    # and two `dvc repro` in one workspace would fight over DVC's lock
+    serve(*deployments(args.cron or None), limit=1)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "run":
         apply_prefect_settings()
-        from flows.pipeline import pipeline
+        from flows.pipeline import accuracy_lines, pipeline
 
         try:
             result = pipeline(args.stages or None)
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for stage in result["stages"]:
             print(f"{stage['stage']}: {'ran' if stage['ran'] else 'unchanged'} ({stage['seconds']} s)")
-        for model, summary in result["metrics"].items():
-            print(f"{model}: test accuracy {summary['accuracy']:.3f}")
+        print("\n".join(accuracy_lines(result["metrics"])))
         return 0
     if args.command == "sweep":
         apply_prefect_settings()

@@ -158,3 +158,12 @@ def test_an_empty_stage_list_is_an_error_not_a_green_run_of_nothing(monkeypatch)
     monkeypatch.setattr(flows.pipeline, "configure", no_stage_may_run)
     with pytest.raises(ParamsError, match="no stages named"):
         flows.pipeline.pipeline.fn([])
+
+
+def test_the_run_summary_gives_each_models_own_choice_accuracy():
+    from flows.pipeline import accuracy_lines
+
+    warmup = {"accuracy": 0.401, "by_format": {"cot": {"accuracy": 0.3}, "own_choice": {"accuracy": 0.429}}}
+    assert accuracy_lines({"warmup": warmup, "rlvr": {"accuracy": 0.662, "by_format": {"own_choice": {
+        "accuracy": 0.662}}}}) == ["warmup: test accuracy 0.429 (own choice; mean over its 2 formats 0.401)",
+                                   "rlvr: test accuracy 0.662"]
