@@ -22,6 +22,7 @@ from posttrain.trajectories import BY_NAME, Trajectory, prompt
 
 _VERIFY = re.compile(r"Verify:(.*)", re.IGNORECASE)
 _RESULT = re.compile(r"=\s*(-?\d+)")
+_BACK_TO = re.compile(r"back to\s*(-?\d+)", re.IGNORECASE)
 
 
 def check_failed(row: dict, start: int | None) -> bool:
@@ -34,7 +35,9 @@ def check_failed(row: dict, start: int | None) -> bool:
     m = _VERIFY.search(row["response"])
     if m is None:
         return True  # the trajectory asked for a check and none was written
-    results = _RESULT.findall(m.group(1))
+    # the value walked back to: the last "= N", or with no step to undo (a rewrite that dropped the question's only,
+    # net-zero, step) the "back to N" itself
+    results = _RESULT.findall(m.group(1)) or _BACK_TO.findall(m.group(1))
     return start is not None and (not results or int(results[-1]) != int(start))
 
 

@@ -58,3 +58,19 @@ def test_planner_examples_use_only_kept_questions():
     assert ex["vanilla"][0]["prompt"] == f"Question: {REC['question']}\n" and "Trajectory" not in ex["vanilla"][0]["completion"]
     assert ex["external"][0] == {"prompt": prompt(REC["question"]), "completion": " rewrite+pot"}
     assert ex["internal"][0]["completion"] == " rewrite+pot\n" + render_response(P, BY_NAME["rewrite+pot"])
+
+
+def test_every_reference_text_check_passes_its_own_self_check():
+    """A rewrite drops a question's net-zero repeated block, so a one-step repeat question's check is
+    'Verify: ; back to 15: correct', with no '= N' to read: all 103 such training questions' right answers were
+    solved again as failed checks."""
+    from posttrain.task.arithmetic import generate_problems
+    from posttrain.trajectories import TRAJECTORIES
+
+    problems = generate_problems(400, seed=0, difficulties=range(1, 5), max_operand=12, max_value=60,
+                                 kind_weights={"chain": 0.25, "bignum": 0.25, "distractor": 0.25, "repeat": 0.25})
+    checked = [t for t in TRAJECTORIES if t.verification == "verify" and t.solution == "cot"]
+    failed = [(p.question, t.name) for p in problems for t in checked
+              if check_failed(row(t.name, render_response(p, t)), p.start)]
+    assert not failed, failed[:3]
+    assert check_failed(row("rewrite+cot+verify", "Verify: ; back to 16: correct"), 15)
