@@ -32,7 +32,8 @@ from posttrain.trajectories import BY_NAME, split_choice
 
 
 def anchor_completion(record: dict, sample: str) -> str:
-    """The verified solution in the trajectory ``sample`` names (``cot`` when it names none)."""
+    """The worked solution in the trajectory ``sample`` names (``cot`` when it names none); seppo_sample scores it
+    (``anchor_correct``), since pot's brute force of a huge repeated block fails."""
     chosen, _ = split_choice(sample)
     trajectory = chosen or BY_NAME["cot"]
     return f" {trajectory.name}\n{render_response(Problem.from_fields(record), trajectory)}"
@@ -63,7 +64,7 @@ def training_pairs(samples: list[dict], label: str) -> list[dict]:
         winners = [s for s in group if s[key]]
         losers = [s for s in group if not s[key]]
         for s in losers:  # a loser may be the anchor's own text (the anchor rule judges h_w, not the text)
-            if s["response"].strip() != s["anchor"].strip():
+            if s["anchor_correct"] and s["response"].strip() != s["anchor"].strip():
                 pairs.append({"id": s["id"], "question": s["question"], "chosen": s["anchor"],
                               "rejected": s["response"], "source": "anchor_vs_reference", "label": label})
         for w in winners:
@@ -92,7 +93,7 @@ def tie_pairs(samples: list[dict], label: str) -> list[dict]:
             pairs += [{"id": first["id"], "question": first["question"], "a": a, "b": b, "label": label,
                        "source": "both_winners" if verdict else "both_losers"} for a, b in combinations(found, 2)]
         with_anchor = dict.fromkeys((s["anchor"], s["response"]) for s in group
-                                    if s[key] and s["response"].strip() != s["anchor"].strip())
+                                    if s[key] and s["anchor_correct"] and s["response"].strip() != s["anchor"].strip())
         pairs += [{"id": first["id"], "question": first["question"], "a": anchor, "b": w, "label": label,
                    "source": "anchor_vs_winner"} for anchor, w in with_anchor]
     return pairs

@@ -5,7 +5,8 @@ The policy is the final SFT model (models/sft); the references are its earlier c
 ``seppo_sample.n_prompts`` training prompts and each of ``samples_per_prompt`` samples:
 
 1. pick a reference checkpoint j uniformly among the earlier ones and sample y_ref ~ pi_j(.|x);
-2. the anchor y_w is the verified solution written in the trajectory y_ref chose;
+2. the anchor y_w is the task's worked solution written in the trajectory y_ref chose, itself scored by the verifier
+   (a pair against an anchor that fails it is left out);
 3. h_w = log pi_policy(y_w|x) - log pi_j(y_w|x); the anchor rule (AAF) calls y_ref a winner when h_w < 0;
 4. the task verifier also judges y_ref; both decisions are kept, and ``seppo_sample.label`` picks the one that
    writes chosen/rejected.
@@ -88,6 +89,16 @@ def main() -> None:
                                 "verifier_wins": v["correct"], "trajectory": v["trajectory"]})
         if not samples:
             raise DataError(f"{TRAIN}: no training prompts to sample for (seppo_sample.n_prompts={cfg.n_prompts})")
+        # the anchor is the task's worked solution in the sample's trajectory, which is not always right: pot's brute
+        # force of a huge repeated block runs out of CPU. A pair with an anchor that fails is no "winner" pair.
+        by_id = {rec["id"]: rec for rec in records}
+        anchors = sorted({(s["id"], s["anchor"]) for s in samples})
+        anchor_verdicts = score_responses([by_id[i] for i, _ in anchors], [OWN_CHOICE] * len(anchors),
+                                          [a for _, a in anchors], sandbox_limits(params.sandbox),
+                                          params.sandbox.workers)
+        anchor_correct = {key: v["correct"] for key, v in zip(anchors, anchor_verdicts)}
+        for s in samples:
+            s["anchor_correct"] = anchor_correct[(s["id"], s["anchor"])]
 
         # 3. the policy's log-probs, then the anchor rule
         tokenizer, policy = load_pretrained(POLICY)
@@ -103,6 +114,7 @@ def main() -> None:
         # 4. pairs by the chosen label, and the figures
         pairs, ties = training_pairs(samples, cfg.label), tie_pairs(samples, cfg.label)
         metrics = {"n_samples": len(samples), "n_pairs": len(pairs), "n_tie_pairs": len(ties), **agreement(samples),
+                   "anchor_accuracy": sum(s["anchor_correct"] for s in samples) / len(samples),
                    "reference_accuracy_by_checkpoint": {
                        Path(r).name: round(sum(s["verifier_wins"] for s in samples if s["reference"] == r)
                                            / max(1, sum(s["reference"] == r for s in samples)), 4) for r in refs}}

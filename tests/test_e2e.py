@@ -76,9 +76,12 @@ def test_preference_stages_write_pairs_models_and_figures(repro):
     repo, _ = repro
     samples = [json.loads(line) for line in (repo / "data/seppo/samples.jsonl").open()]
     assert len(samples) == 16 * 2
-    assert {"reference", "anchor", "response", "h_w", "h_r", "anchor_wins", "verifier_wins"} <= set(samples[0])
+    assert {"reference", "anchor", "anchor_correct", "response", "h_w", "h_r", "anchor_wins",
+            "verifier_wins"} <= set(samples[0])
     pairs = [json.loads(line) for line in (repo / "data/seppo/pairs.jsonl").open()]
     assert pairs and all(p["chosen"] != p["rejected"] for p in pairs)
+    right_anchors = {(s["id"], s["anchor"]) for s in samples if s["anchor_correct"]}
+    assert all((p["id"], p["chosen"]) in right_anchors for p in pairs if p["source"] == "anchor_vs_reference")
     bench = [json.loads(line) for line in (repo / "data/preference_benchmark/pairs.jsonl").open()]
     assert any(p["label"] in ("A", "B") for p in bench) and all(p["id"].startswith("test-") for p in bench)
     metrics = json.loads((repo / "reports/metrics/train_rm.json").read_text())

@@ -216,9 +216,9 @@ def test_seppo_trainer_starts_at_log2_and_learns(tiny, tmp_path):
 
 # --- preference data ------------------------------------------------------------------------------------------
 
-def _sample(i, response, verifier, anchor):
+def _sample(i, response, verifier, anchor, anchor_correct=True):
     return {"id": f"q{i}", "question": f"question {i}", "anchor": "ANCHOR", "response": response,
-            "verifier_wins": verifier, "anchor_wins": anchor}
+            "verifier_wins": verifier, "anchor_wins": anchor, "anchor_correct": anchor_correct}
 
 
 def test_training_pairs_follow_the_chosen_label():
@@ -231,6 +231,11 @@ def test_training_pairs_follow_the_chosen_label():
     samples.append(_sample(1, "ANCHOR", False, False))
     for label in ("verifier", "anchor"):
         assert all(p["chosen"].strip() != p["rejected"].strip() for p in training_pairs(samples, label))
+    # an anchor the verifier rejects (pot's brute force of a huge repeated block) is no winner to pair with
+    failed = [{**s, "anchor_correct": False} for s in samples]
+    assert {(p["chosen"], p["rejected"]) for p in training_pairs(failed, "verifier")} == {("right", "wrong"),
+                                                                                     ("right", "ANCHOR")}
+    assert not [t for t in tie_pairs(failed, "verifier") if t["source"] == "anchor_vs_winner"]
 
 
 def test_tie_pairs_join_samples_with_the_same_verdict_and_winners_with_their_anchor():
