@@ -23,22 +23,46 @@ SPLITS = ("train", "dev", "test")
 
 
 def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[str, list[dict]]:
-    """Distinct arithmetic questions, balanced by difficulty and form, cut into the three splits."""
+    """Distinct arithmetic questions, balanced by difficulty and form, cut into the three splits; no dev or test
+    question is a train (or earlier split's) problem in other words: small operands leave few one-step problems,
+    and "Compute 21 / 3." in test beside "Start with 21. Divide it by 3. What is the result?" in train was 9 of the
+    40 one-step test questions."""
     sizes = {"train": prep.n_train, "dev": prep.n_dev, "test": prep.n_test}
-    problems = generate_problems(
-        sum(sizes.values()), seed, range(1, task.max_difficulty + 1), task.max_operand, task.max_value,
-        kind_weights=task.kind_weights,
-    )
+    n = sum(sizes.values())
+    difficulties = range(1, task.max_difficulty + 1)
+    # a pool twice the size, in generate_problems' order; each split takes, per (difficulty, form), as many as that
+    # order gives it, skipping (after train) the problems an earlier split already holds
+    pool = generate_problems(2 * n, seed, difficulties, task.max_operand, task.max_value,
+                             kind_weights=task.kind_weights)
+    buckets: dict[tuple, list[Problem]] = {}
+    for p in pool:
+        buckets.setdefault((p.difficulty, p.form), []).append(p)
+    taken: set[tuple] = set()
     splits, start = {}, 0
     for name in SPLITS:
-        chunk = problems[start:start + sizes[name]]
+        wanted = Counter((p.difficulty, p.form) for p in pool[start:start + sizes[name]])
         start += sizes[name]
+        chunk = []
+        for bucket, count in wanted.items():
+            fresh = [p for p in buckets[bucket] if name == "train" or problem_key(p) not in taken][:count]
+            if len(fresh) < count:
+                raise DataError(f"could only make {len(fresh)} of {count} {name} questions of difficulty "
+                                f"{bucket[0]} that no earlier split holds: raise task.max_operand or task.max_value")
+            buckets[bucket] = [p for p in buckets[bucket] if p not in fresh]
+            chunk += fresh
+        taken |= {problem_key(p) for p in chunk}
+        chunk.sort(key=lambda p: pool.index(p))
         splits[name] = [
             {"id": f"{name}-{i:06d}", "question": p.question, "answer": p.answer, "difficulty": p.difficulty,
              **p.to_fields()}
             for i, p in enumerate(chunk)
         ]
     return splits
+
+
+def problem_key(p: Problem) -> tuple:
+    """What the question asks, whatever its wording: the start value and the steps."""
+    return p.start, tuple((s.op, s.operand, s.repeat) for s in p.steps)
 
 
 def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str, list[dict]]:

@@ -68,10 +68,17 @@ def test_a_question_differing_only_in_case_or_spacing_is_an_overlap():
     assert resolve_overlaps(splits, "drop")["dev"] == []
 
 
-def test_synthetic_splits_share_nothing():
-    p = load_params("configs/params.smoke.yaml")
+@pytest.mark.parametrize("profile", ["configs/params.smoke.yaml", "params.yaml"])
+def test_synthetic_splits_share_nothing(profile):
+    from posttrain.task.arithmetic import Problem
+    from stages.prepare import problem_key
+
+    p = load_params(profile)
     splits = synthetic_splits(p.task, p.prepare, p.seed)
     assert not find_split_overlaps(splits)
+    # nor a problem in other words (10 of the default test split's 240 were train problems reworded)
+    keys = {name: {problem_key(Problem.from_fields(r)) for r in rs} for name, rs in splits.items()}
+    assert not keys["train"] & keys["dev"] and not keys["train"] & keys["test"] and not keys["dev"] & keys["test"]
     assert [len(splits[s]) for s in ("train", "dev", "test")] == [p.prepare.n_train, p.prepare.n_dev, p.prepare.n_test]
 
 
