@@ -15,6 +15,8 @@ Writes data/seppo/samples.jsonl (every sample with its checkpoint, verdicts, h_w
 log-probs a SePPO/DPO trainer needs), data/seppo/pairs.jsonl (the RM's training pairs), data/seppo/tie_pairs.jsonl
 (pairs the label calls a tie, for ``train_rm.tie_share``) and
 reports/metrics/seppo_sample.json (reference accuracy per checkpoint, AAF flip rate, AAF-verifier agreement).
+Resumable: each reference's samples are saved under checkpoints/seppo_sample/<key>/ as it finishes (its sampling
+seed is its own), so a killed run goes on at the next reference and writes what an uninterrupted one would.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import mlflow
 
-from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.atomic import atomic_dir, atomic_write_json, atomic_write_text
+from posttrain.checkpoints import claim_checkpoint_dir
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import open_generator
@@ -41,6 +44,7 @@ from posttrain.trajectories import prompt
 TRAIN, POLICY, WARMUP = Path("data/prepared/train.jsonl"), "models/sft", "models/warmup"
 SNAPSHOTS, OUT = Path("models/sft_checkpoints"), Path("data/seppo")
 METRICS = Path("reports/metrics/seppo_sample.json")
+CHECKPOINTS = Path("checkpoints/seppo_sample")  # each reference's samples, for a resume after a kill
 
 
 def agreement(samples: list[dict]) -> dict:
@@ -68,9 +72,18 @@ def main() -> None:
                 jobs[j].append((rec, k))
         print(f"seppo_sample: {len(records)} prompts x {cfg.samples_per_prompt} samples from {len(refs)} references")
 
-        # 1-2. sample from each reference, build the anchors, keep the reference log-probs of both
+        # 1-2. sample from each reference, build the anchors, keep the reference log-probs of both; each reference's
+        # samples are saved as they are done, so a killed run resumes at the next reference
+        progress = claim_checkpoint_dir(CHECKPOINTS, {name: getattr(params, name).model_dump() for name in
+                                                      ("seppo_sample", "sandbox", "generation")}, params.seed,
+                                        [TRAIN, Path(WARMUP), SNAPSHOTS])
         samples = []
         for j, todo in sorted(jobs.items()):
+            saved = progress / f"reference_{j}.jsonl"
+            if saved.is_file():
+                print(f"seppo_sample: resuming, reference {Path(refs[j]).name} already sampled")
+                samples += read_jsonl(saved)
+                continue
             tokenizer, model = load_pretrained(refs[j])
             gen = open_generator(refs[j], params.generation, cfg.batch_size, cfg.max_new_tokens, params.seed,
                                  loaded=(tokenizer, model))
@@ -82,11 +95,12 @@ def main() -> None:
             ref_r = completion_logps(model, tokenizer, prompts, texts, cfg.batch_size, desc="ref log p(y_ref)")
             verdicts = score_responses([rec for rec, _ in todo], [OWN_CHOICE] * len(todo), texts,
                                        sandbox_limits(params.sandbox), params.sandbox.workers)
-            for (rec, k), p, t, a, lw, lr, v in zip(todo, prompts, texts, anchors, ref_w, ref_r, verdicts):
-                samples.append({"id": rec["id"], "sample": k, "difficulty": rec["difficulty"],
-                                "question": rec["question"], "prompt": p, "reference": refs[j], "anchor": a,
-                                "response": t, "ref_anchor_logp": lw, "ref_response_logp": lr,
-                                "verifier_wins": v["correct"], "trajectory": v["trajectory"]})
+            done = [{"id": rec["id"], "sample": k, "difficulty": rec["difficulty"], "question": rec["question"],
+                     "prompt": p, "reference": refs[j], "anchor": a, "response": t, "ref_anchor_logp": lw,
+                     "ref_response_logp": lr, "verifier_wins": v["correct"], "trajectory": v["trajectory"]}
+                    for (rec, k), p, t, a, lw, lr, v in zip(todo, prompts, texts, anchors, ref_w, ref_r, verdicts)]
+            atomic_write_text(saved, "".join(json.dumps(s) + "\n" for s in done))
+            samples += done
         if not samples:
             raise DataError(f"{TRAIN}: no training prompts to sample for (seppo_sample.n_prompts={cfg.n_prompts})")
         # the anchor is the task's worked solution in the sample's trajectory, which is not always right: pot's brute

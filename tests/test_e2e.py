@@ -250,6 +250,18 @@ def test_dots_search_resumes_after_a_kill(repro):
     assert_nothing_lost(repo, "dots_search", ["data/dots", "reports/dots"])
 
 
+def test_seppo_sample_resumes_after_a_kill_and_samples_what_an_uninterrupted_run_does(repro):
+    repo, _ = repro
+    cmd = ["dvc", "repro", "-f", "--single-item", "seppo_sample"]
+    run(cmd, repo)  # uninterrupted, on the models as earlier tests left them
+    straight = (repo / "data/seppo/samples.jsonl").read_text()
+    kill_when(cmd, repo, lambda: bool(list((repo / "checkpoints/seppo_sample").glob("*/reference_0.jsonl"))))
+    out = run(cmd, repo)
+    assert "seppo_sample: resuming, reference" in out
+    assert (repo / "data/seppo/samples.jsonl").read_text() == straight
+    assert_nothing_lost(repo, "seppo_sample", ["data/seppo", "reports/metrics/seppo_sample.json"])
+
+
 def test_sft_killed_while_its_outputs_are_written_leaves_nothing_half_done(repro):
     """The kill lands the moment the first finished model directory is swapped in, while the stage still writes the
     others (or DVC moves them into its cache)."""
