@@ -22,9 +22,8 @@ from pathlib import Path
 
 import mlflow
 import torch
-import yaml
 
-from posttrain.params import load_params
+from posttrain.params import load_params, read_yaml
 from posttrain.tracking import bench_run
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import train_preference_model
@@ -49,7 +48,7 @@ def variant(spec: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--variant {spec!r}: expected key=value[,key=value...]")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = read_yaml(value)  # YAML 1.2, as params.yaml is read: 5e-2 is a number
     return out
 
 

@@ -44,9 +44,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
+from ruamel.yaml import YAMLError  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from posttrain.params import ParamsError, with_overrides  # noqa: E402
+from posttrain.params import ParamsError, read_yaml, with_overrides  # noqa: E402
 from posttrain.tracking import SWEEP_ENV, VARIANT_ENV  # noqa: E402
 
 OUT = Path("reports/sweeps")
@@ -69,8 +70,8 @@ def load_sweep(path: str | Path, dvc_yaml: str | Path = "dvc.yaml") -> SweepSpec
     and metric stage must be a stage of ``dvc_yaml`` (a metric's stage one the variants re-run), and a metric key
     must be in its stage's metrics file where an earlier run wrote one."""
     try:
-        spec = SweepSpec.model_validate(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
-    except (OSError, yaml.YAMLError, ValueError) as e:
+        spec = SweepSpec.model_validate(read_yaml(Path(path).read_text(encoding="utf-8")))  # as params.yaml is read
+    except (OSError, YAMLError, ValueError) as e:
         raise ParamsError(f"{path}: {e}") from None
     first = {key: values[0] for key, values in spec.grid.items()}
     for key, values in spec.grid.items():
@@ -119,7 +120,7 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     # the grammar's escapes: a quote takes a backslash, and backslashes are doubled before a quote or the end
-    return "'" + re.sub(r"(\\*)('|$)", lambda m: 2 * m[1] + ("\\'" if m[2] else ""), value) + "'"
+    return "'" + re.sub(r"(\\*)('|\Z)", lambda m: 2 * m[1] + ("\\'" if m[2] else ""), value) + "'"
 
 
 def set_param_args(overrides: dict[str, Any]) -> list[str]:

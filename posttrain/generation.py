@@ -69,6 +69,9 @@ class HFGenerator:
         return out  # type: ignore[return-value]
 
 
+PROMPT_SEEDS = 1_000_003  # vLLM per-prompt seeds of one call: seed * PROMPT_SEEDS + the prompt's index
+
+
 class VLLMGenerator:
     """vLLM's offline engine (``generation.engine: vllm``) behind ``HFGenerator``'s ``generate``.
 
@@ -98,9 +101,11 @@ class VLLMGenerator:
 
         # vLLM's defaults apply no top-k and no top-p, as HFGenerator's sampling does. One seed per prompt: a single
         # seeded SamplingParams is broadcast to the whole batch, so a prompt repeated in it (DOTS's n_eval samples,
-        # GRPO's group) would be sampled n times alike (vllm-project/vllm#50440)
+        # GRPO's group) would be sampled n times alike (vllm-project/vllm#50440). Calls seeded seed and seed + 1 (a
+        # verify retry, the next DOTS call) must not share prompt seeds either: call seeds are spread 10^6 apart.
         sampling = [SamplingParams(temperature=temperature, max_tokens=self.max_new_tokens,
-                                   seed=seed + i if temperature > 0 else None, skip_special_tokens=True)
+                                   seed=(seed * PROMPT_SEEDS + i) % 2**63 if temperature > 0 else None,
+                                   skip_special_tokens=True)
                     for i in range(len(prompts))]
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], sampling, use_tqdm=progress)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import yaml
-from ruamel.yaml import YAML
+from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedSeq
 from pydantic import BaseModel, ValidationError
 
@@ -77,12 +76,18 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         line = path.read_bytes()[:e.start].count(b"\n") + 1
         raise ParamsError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x})") from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+        raw = read_yaml(text)
+    except YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         raise ParamsError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
     return parse_params(raw, str(path))
+
+
+def read_yaml(text: str):
+    """YAML 1.2, as DVC reads params.yaml and writes ``dvc exp run -S`` values (ruamel): ``1e-05`` is a number and
+    ``on`` or ``yes`` a string, where YAML 1.1 (PyYAML) reads a string and a boolean."""
+    return YAML(typ="safe", pure=True).load(text)
 
 
 def _round_trip_yaml() -> YAML:
@@ -124,7 +129,7 @@ def with_overrides(base: str | Path, overrides: dict[str, object] | None,
         node[leaf] = _flow_style(value)
     written = io.StringIO()
     _round_trip_yaml().dump(raw, written)
-    params = parse_params(yaml.safe_load(written.getvalue()), f"{base} with overrides {sorted(overrides or {})}")
+    params = parse_params(read_yaml(written.getvalue()), f"{base} with overrides {sorted(overrides or {})}")
     if out is None:
         return params
     tmp = Path(out).with_suffix(".yaml.tmp")

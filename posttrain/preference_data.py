@@ -1,9 +1,9 @@
 """Preference data: SePPO's reference samples turned into chosen/rejected pairs, and the held-out benchmark.
 
-Training pairs (``training_pairs``), for one prompt: the anchor y_w (the verified solution, written in the
-trajectory the reference sample chose, so the two differ in substance rather than in style) against each
-reference sample the label calls a loser, and every reference sample the label calls a winner against every
-one it calls a loser. The label is the task verifier or the anchor rule (AAF: the sample wins when h_w < 0);
+Training pairs (``training_pairs``), for one prompt: the anchor y_w (the task's worked solution, written in the
+trajectory the reference sample chose, so the two differ in substance rather than in style; left out where the
+verifier rejects it, ``anchor_correct``) against each reference sample the label calls a loser, and every
+reference sample the label calls a winner against every one it calls a loser. The label is the task verifier or the anchor rule (AAF: the sample wins when h_w < 0);
 both decisions are kept on every sample so their agreement can be measured.
 
 Tie pairs (``tie_pairs``), for one prompt: two samples with the same label and different text, and the anchor
@@ -15,7 +15,8 @@ one) and hard tie pairs (both wrong with different answers; both right with diff
 
 Example:
     >>> samples = [{"id": "q1", "question": "Compute 2 + 3.", "anchor": " cot\\nAnswer: 5",
-    ...             "response": " cot\\nAnswer: 6", "verifier_wins": False, "anchor_wins": False}]
+    ...             "anchor_correct": True, "response": " cot\\nAnswer: 6", "verifier_wins": False,
+    ...             "anchor_wins": False}]
     >>> [(p["chosen"], p["rejected"]) for p in training_pairs(samples, "verifier")]
     [(' cot\\nAnswer: 5', ' cot\\nAnswer: 6')]
 """

@@ -29,11 +29,28 @@ def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[s
     40 one-step test questions."""
     sizes = {"train": prep.n_train, "dev": prep.n_dev, "test": prep.n_test}
     n = sum(sizes.values())
-    difficulties = range(1, task.max_difficulty + 1)
-    # a pool twice the size, in generate_problems' order; each split takes, per (difficulty, form), as many as that
-    # order gives it, skipping (after train) the problems an earlier split already holds
-    pool = generate_problems(2 * n, seed, difficulties, task.max_operand, task.max_value,
-                             kind_weights=task.kind_weights)
+    extra = max(60, n // 10)
+    while True:  # a pool a little larger than the splits, grown until dev and test find enough problems
+        try:  # the pool's first n problems do not depend on its size
+            pool = generate_problems(n + extra, seed, range(1, task.max_difficulty + 1), task.max_operand,
+                                     task.max_value, kind_weights=task.kind_weights)
+        except DataError:  # the task holds fewer distinct questions than that
+            pool = None
+        splits = split_pool(pool, sizes) if pool else None
+        if splits is not None:
+            return splits
+        if pool is None or extra >= 4 * n:
+            raise DataError(f"the task has too few distinct problems for train {sizes['train']}, dev {sizes['dev']} "
+                            f"and test {sizes['test']} with no problem in two splits: raise task.max_operand or "
+                            "task.max_value, or lower the split sizes")
+        extra *= 2
+
+
+def split_pool(pool: list[Problem], sizes: dict[str, int]) -> dict[str, list[dict]] | None:
+    """The splits from ``pool`` (None if it runs short): each takes, per (difficulty, form), as many problems as
+    ``pool``'s order gives it (train the first ``sizes['train']``), skipping after train the problems an earlier
+    split holds."""
+    order = {id(p): i for i, p in enumerate(pool)}
     buckets: dict[tuple, list[Problem]] = {}
     for p in pool:
         buckets.setdefault((p.difficulty, p.form), []).append(p)
@@ -46,12 +63,12 @@ def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[s
         for bucket, count in wanted.items():
             fresh = [p for p in buckets[bucket] if name == "train" or problem_key(p) not in taken][:count]
             if len(fresh) < count:
-                raise DataError(f"could only make {len(fresh)} of {count} {name} questions of difficulty "
-                                f"{bucket[0]} that no earlier split holds: raise task.max_operand or task.max_value")
-            buckets[bucket] = [p for p in buckets[bucket] if p not in fresh]
+                return None
+            used = {id(p) for p in fresh}
+            buckets[bucket] = [p for p in buckets[bucket] if id(p) not in used]
             chunk += fresh
         taken |= {problem_key(p) for p in chunk}
-        chunk.sort(key=lambda p: pool.index(p))
+        chunk.sort(key=lambda p: order[id(p)])
         splits[name] = [
             {"id": f"{name}-{i:06d}", "question": p.question, "answer": p.answer, "difficulty": p.difficulty,
              **p.to_fields()}
@@ -125,7 +142,7 @@ def check_domain_fields(records: list[dict], path: str) -> None:
                 raise DataError(f"{where}: steps[{i}]: {before} / {step.operand} is not a whole number")
         try:  # the two forms every trajectory's prompt and rewrite are rendered from
             problem.words(), problem.expression()
-        except (KeyError, IndexError) as e:
+        except (KeyError, IndexError, TypeError) as e:
             raise DataError(f"{where}: steps/phrasing: the question cannot be phrased ({type(e).__name__}: {e}); a "
                             "repeated block's op is add or mul, and a phrasing index must exist for its step's op")
 

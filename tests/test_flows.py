@@ -60,14 +60,16 @@ def test_sweep_values_reach_params_yaml_through_dvc_set_param_unchanged(tmp_path
     from dvc.utils.hydra import apply_overrides
 
     from flows.sweep import set_param_args
+    from posttrain.params import read_yaml
 
     overrides = {"judge.criteria": "Which is right, and why? It's 'B' \\ a\\b end\\", "judge.model": "1.0",
                  "judge.hf_model": "null", "rlhf.budget": 0.2, "seed": 3, "evaluate.formats": ["cot", "pot"],
-                 "evaluate.dots": False, "task.jsonl": None}
+                 "evaluate.dots": False, "task.jsonl": None, "judge.api_key_env": "A\\\n", "tracking.experiment": "on",
+                 "warmup.learning_rate": 1e-05}
     path = tmp_path / "params.yaml"
     path.write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     apply_overrides(path, set_param_args(overrides)[1::2])  # what dvc exp run -S does with them
-    raw = yaml.safe_load(path.read_text())
+    raw = read_yaml(path.read_text())  # as load_params reads what DVC wrote
     for dotted, value in overrides.items():
         section, key = dotted.split(".") if "." in dotted else (None, dotted)
         got = raw[section][key] if section else raw[key]

@@ -89,6 +89,8 @@ def test_vllm_gets_one_seed_per_prompt_so_a_repeated_prompt_is_sampled_afresh(mo
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     generator = VLLMGenerator("unused", max_new_tokens=8, engine=HF.model_copy(update={"engine": "vllm"}), seed=0)
     generator.generate(["Q"] * 4, temperature=0.7, seed=100, progress=False)
+    generator.generate(["Q"] * 4, temperature=0.7, seed=101, progress=False)  # the executor's verify retry
     generator.generate(["Q"] * 2, temperature=0.0, progress=False)
-    assert [p.seed for p in given[0]] == [100, 101, 102, 103]
-    assert [p.seed for p in given[1]] == [None, None]
+    first, retry = [p.seed for p in given[0]], [p.seed for p in given[1]]
+    assert len(set(first)) == 4 and not set(first) & set(retry)  # seed + i gave the retry 3 of the first's seeds
+    assert [p.seed for p in given[2]] == [None, None]

@@ -145,3 +145,14 @@ def test_overrides_without_out_validate_and_write_nothing(tmp_path, monkeypatch)
     with pytest.raises(ParamsError, match="rlhf.budget: got 10"):
         with_overrides(base, {"rlhf.budget": 10}, out=None)
     assert base.read_text() == before and not list(tmp_path.iterdir())
+
+
+def test_params_are_read_as_dvc_writes_them(tmp_path):
+    """`dvc exp run -S` and with_overrides write YAML 1.2 (ruamel): 1e-05 is a number there, and 'on' a string;
+    read as YAML 1.1 (PyYAML) they came back as the string '1e-05' (refused by the strict schema) and True."""
+    out = tmp_path / "params.yaml"
+    params = with_overrides(ROOT / "params.yaml", {"warmup.learning_rate": 1e-05, "tracking.experiment": "on"}, out)
+    assert params.warmup.learning_rate == 1e-05 and params.tracking.experiment == "on"
+    assert load_params(out).warmup.learning_rate == 1e-05 and load_params(out).tracking.experiment == "on"
+    out.write_text(out.read_text().replace("learning_rate: 1e-05", "learning_rate: 5e-5"))  # written by hand
+    assert load_params(out).warmup.learning_rate == 5e-5

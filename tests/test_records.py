@@ -113,6 +113,8 @@ def test_jsonl_source_goes_through_the_same_path(tmp_path):
      r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(KeyError"),
     ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": [9]},
      r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(IndexError"),
+    ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": ["0"]},
+     r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(TypeError"),
 ])
 def test_a_user_row_the_pipeline_cannot_render_is_named_by_file_and_row(tmp_path, row, problem):
     files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
