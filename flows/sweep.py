@@ -50,7 +50,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from posttrain.params import ParamsError, read_yaml, with_overrides  # noqa: E402
 from posttrain.tracking import SWEEP_ENV, VARIANT_ENV  # noqa: E402
 
-OUT = Path("reports/sweeps")
+OUT, METRICS = Path("reports/sweeps"), Path("reports/metrics")
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
 GridValue = Scalar | list[Scalar]  # what dvc exp run -S can set (a dict param's empty {} takes no new key)
 
@@ -82,30 +82,33 @@ def load_sweep(path: str | Path, dvc_yaml: str | Path = "dvc.yaml") -> SweepSpec
         if target not in stages:
             raise ParamsError(f"{path}: target {target!r} is not a stage of {dvc_yaml} ({', '.join(stages)})")
     for ref in spec.metrics:
-        stage, dotted = ref.split(":", 1)
+        stage = ref.split(":", 1)[0]
         if stage not in stages:
             raise ParamsError(f"{path}: metric {ref!r}: {stage!r} is not a stage of {dvc_yaml} ({', '.join(stages)})")
         if spec.targets and stage not in spec.targets:
             raise ParamsError(f"{path}: metric {ref!r}: stage {stage} is not among the targets {spec.targets}, so "
                               "every variant would read the same file")
-        missing = missing_metric_key(Path("reports/metrics") / f"{stage}.json", dotted)
-        if missing:
-            raise ParamsError(f"{path}: metric {ref!r}: {missing}")
+        if (METRICS / f"{stage}.json").exists():  # an earlier run wrote it: the key must be there
+            missing = read_metric(ref)[1]
+            if missing:
+                raise ParamsError(f"{path}: metric {ref!r}: {missing}")
     return spec
 
 
-def missing_metric_key(path: Path, dotted: str) -> str | None:
-    """Why ``dotted`` is not a number in the metrics file ``path`` (None if it is, or if no run has written it)."""
+def read_metric(ref: str) -> tuple[float | None, str | None]:
+    """The number ``<stage>:<dotted key>`` names in reports/metrics/<stage>.json, or None and why it is not there."""
+    stage, dotted = ref.split(":", 1)
+    path = METRICS / f"{stage}.json"
     if not path.exists():
-        return None
+        return None, f"{path} does not exist"
     value: Any = json.loads(path.read_text(encoding="utf-8"))
     for i, key in enumerate(dotted.split(".")):
         if not isinstance(value, dict) or key not in value:
             where = ".".join(dotted.split(".")[:i]) or "the top level"
             keys = sorted(value) if isinstance(value, dict) else []
-            return f"no key {key!r} at {where} of {path} (keys there: {', '.join(keys[:20]) or 'none'})"
+            return None, f"no key {key!r} at {where} of {path} (keys there: {', '.join(keys[:20]) or 'none'})"
         value = value[key]
-    return None if isinstance(value, (int, float)) else f"{dotted} in {path} is not a number"
+    return (float(value), None) if isinstance(value, (int, float)) else (None, f"{dotted} in {path} is not a number")
 
 
 def hydra_value(value: Any) -> str:
@@ -134,15 +137,6 @@ def variants(spec: SweepSpec) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(spec.grid[k] for k in keys))]
 
 
-def read_metric(ref: str) -> float | None:
-    stage, dotted = ref.split(":", 1)
-    path = Path("reports/metrics") / f"{stage}.json"
-    value: Any = json.loads(path.read_text()) if path.exists() else None
-    for key in dotted.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 @task(task_run_name="{label}")
 def run_variant(spec: SweepSpec, label: str, overrides: dict[str, Any]) -> dict:
     """``dvc exp run`` one variant; its metrics as the workspace holds them right after."""
@@ -164,7 +158,7 @@ def run_variant(spec: SweepSpec, label: str, overrides: dict[str, Any]) -> dict:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"variant {label} failed (exit {proc.returncode}):\n{tail}")
     shown = {k: json.dumps(v) if isinstance(v, list) else v for k, v in overrides.items()}  # groupable
-    row = {"variant": label, **shown, **{m: read_metric(m) for m in spec.metrics},
+    row = {"variant": label, **shown, **{m: read_metric(m)[0] for m in spec.metrics},
            "seconds": round(time.perf_counter() - start, 1)}
     logger.info("%s: %s", label, {m: row[m] for m in spec.metrics})
     return row
