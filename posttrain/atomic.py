@@ -2,8 +2,8 @@
 
 Files are written to a temporary sibling and renamed into place; directories are built in a
 temporary sibling and swapped in by two renames (the old one aside, the new one in: POSIX has no portable
-exchange of two directories), and a kill between them is undone on the next write of that directory. The siblings are made by plain ``open``/``mkdir``, so outputs
-get the user's umask like any other file (``tempfile``'s private 0600 / 0700 modes would leave every model and
+exchange of two directories), and a kill between them is undone on the next write of that directory. The
+siblings are made by plain ``open``/``mkdir``, so outputs get the user's umask like any other file (``tempfile``'s private 0600 / 0700 modes would leave every model and
 report unreadable to the rest of a team, or to an MLflow or Prefect server running as another user).
 """
 from __future__ import annotations

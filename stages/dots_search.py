@@ -8,8 +8,9 @@ difficulty and question kind (reports/metrics/dots_search.json, reports/dots/opt
 
 Resumable: questions are searched in fixed chunks, each appended to checkpoints/dots_search/<key>/done.jsonl
 as it completes; a re-run skips the chunks already there and searches a partly written one again. Each
-chunk's sampling seeds depend on its number alone, so a resumed search writes what an uninterrupted one would. What the search spent (generations, tokens,
-seconds) is saved beside it (cost.json) after each chunk, so a resumed run's cost covers every process.
+chunk's sampling seeds depend on its number alone, so a resumed search writes what an uninterrupted one would.
+What the search spent (generations, tokens, seconds) is saved beside it (cost.json) after each chunk, so a
+resumed run's cost covers every process.
 """
 from __future__ import annotations
 
