@@ -127,7 +127,7 @@ def test_dvc_hashes_retries_a_failing_hash(monkeypatch):
     assert len(calls) == 2 and "dvc.dep.stages/prepare.py" in hashes
 
 
-def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, monkeypatch):
+def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, restore_tracking_uri):
     """TRL's token count starts again at 0 on a resume: the session after a kill at step 2 reported 424 tokens of
     the 1,199 it trained, and after a kill at step 4, 0."""
     import json
@@ -141,7 +141,9 @@ def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, monkeypatch):
     from posttrain.task.solutions import render_response
     from posttrain.trajectories import TRAJECTORIES, prompt
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     tiny = tiny_scratch_model(tmp_path / "tiny", n_problems=20, seed=3)
     examples = [{"prompt": prompt(p.question), "completion": f" {t.name}\n{render_response(p, t)}"}
                 for p in tiny.problems for t in TRAJECTORIES[:3]]
@@ -149,9 +151,10 @@ def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, monkeypatch):
     cfg = SftParams(**{**base, "max_steps": 6, "save_steps": 2, "batch_size": 4, "logging_steps": 1})
     (tmp_path / "key").write_text("x")
 
-    def train(ckpt, out):
-        return train_sft(tiny.path, examples, cfg, str(tmp_path / out), tmp_path / ckpt, key_files=[tmp_path / "key"],
-                         seed=1, snapshots=str(tmp_path / f"snapshots_{out}"))
+    def train(ckpt, out):  # inside a run of its own, as in a stage (no run left active for the next test)
+        with mlflow.start_run():
+            return train_sft(tiny.path, examples, cfg, str(tmp_path / out), tmp_path / ckpt,
+                             key_files=[tmp_path / "key"], seed=1, snapshots=str(tmp_path / f"snapshots_{out}"))
     full = train("ckpt", "full")
     key = next((tmp_path / "ckpt").iterdir())
     counted = {log["step"]: log["num_tokens"] for log in
