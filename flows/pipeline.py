@@ -16,14 +16,12 @@ before the stages run, as ``dvc exp run --set-param`` would; without them params
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.orchestration import apply_prefect_settings
+from posttrain.orchestration import apply_prefect_settings, run_dvc
 
 apply_prefect_settings()
 
@@ -52,16 +50,10 @@ def stage_order(repo_root: str = ".") -> list[str]:
 def run_stage(name: str, parent_run_id: str) -> dict:
     """``dvc repro`` one stage; returns whether it ran and how long it took."""
     logger = get_run_logger()
-    # dvc.yaml runs `python3 -m stages.<name>`: this interpreter's environment must come first on PATH
-    env = {**os.environ, PARENT_ENV: parent_run_id,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", name], env=env, capture_output=True, text=True)
+    output = run_dvc(["repro", "--single-item", name], {PARENT_ENV: parent_run_id},
+                     lambda line: logger.info("%s | %s", name, line), what=f"stage {name}")
     seconds = time.perf_counter() - start
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-15:])
-        raise RuntimeError(f"stage {name} failed (exit {proc.returncode}):\n{tail}")
     skipped = "didn't change, skipping" in output
     logger.info("%s: %s in %.1f s", name, "unchanged, skipped" if skipped else "ran", seconds)
     return {"stage": name, "ran": not skipped, "seconds": round(seconds, 2)}

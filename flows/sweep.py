@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from posttrain.orchestration import apply_prefect_settings
+from posttrain.orchestration import apply_prefect_settings, run_dvc
 
 apply_prefect_settings()
 
@@ -142,21 +140,14 @@ def run_variant(spec: SweepSpec, label: str, overrides: dict[str, Any]) -> dict:
     """``dvc exp run`` one variant; its metrics as the workspace holds them right after."""
     logger = get_run_logger()
     sets = set_param_args(overrides)
-    env = {**os.environ, SWEEP_ENV: spec.name, VARIANT_ENV: label,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {SWEEP_ENV: spec.name, VARIANT_ENV: label}
     start = time.perf_counter()
     # a sweep run again replaces its variants (DVC refuses a new experiment under an existing name)
-    listed = subprocess.run([sys.executable, "-m", "dvc", "exp", "list", "--name-only"], env=env,
-                            capture_output=True, text=True)
-    if label in listed.stdout.split():
-        subprocess.run([sys.executable, "-m", "dvc", "exp", "remove", label], env=env, check=True,
-                       capture_output=True)
+    if label in run_dvc(["exp", "list", "--name-only"], env, logger.debug, what="dvc exp list").split():
+        run_dvc(["exp", "remove", label], env, logger.debug, what=f"removing the earlier experiment {label}")
     which = ["--force", "--single-item", *spec.targets] if spec.targets else []
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *which, *sets, "--name", label],
-                          env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise RuntimeError(f"variant {label} failed (exit {proc.returncode}):\n{tail}")
+    run_dvc(["exp", "run", *which, *sets, "--name", label], env, lambda line: logger.info("%s | %s", label, line),
+            what=f"variant {label}")
     shown = {k: json.dumps(v) if isinstance(v, list) else v for k, v in overrides.items()}  # groupable
     row = {"variant": label, **shown, **{m: read_metric(m)[0] for m in spec.metrics},
            "seconds": round(time.perf_counter() - start, 1)}

@@ -1,0 +1,132 @@
+"""run_logged / run_dvc: a flow task's command streams its output, and an interrupted task stops all it started."""
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import posttrain.orchestration as orchestration
+from posttrain.orchestration import run_dvc, run_logged
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def test_each_line_reaches_the_log_while_the_command_runs(tmp_path):
+    # the command waits for a file that only the log callback of its first line creates
+    flag = tmp_path / "seen"
+    cmd = python(f"""
+        import pathlib, sys, time
+        print("first", flush=True)
+        for _ in range(200):
+            if pathlib.Path({str(flag)!r}).exists():
+                break
+            time.sleep(0.05)
+        else:
+            sys.exit(3)
+        print("progress 50%\\rprogress 100%", file=sys.stderr, flush=True)
+        print("second")
+    """)
+    logged = []
+
+    def log(line):
+        logged.append(line)
+        flag.touch()
+
+    code, output = run_logged(cmd, {}, log)
+    assert code == 0
+    assert logged == ["first", "progress 50%", "progress 100%", "second"]  # a \r refresh is a line of its own
+    assert output.splitlines() == logged
+
+
+@pytest.mark.parametrize("ignores_sigint", [False, True])
+def test_an_interrupted_run_stops_the_command_and_what_it_started(tmp_path, monkeypatch, ignores_sigint):
+    # as `dvc repro` starts a stage: a child that starts a grandchild and waits on it
+    monkeypatch.setattr(orchestration, "INTERRUPT_GRACE_SECONDS", 2.0)
+    grandchild = "import signal, time\n" + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignores_sigint else "") \
+        + "time.sleep(600)"
+    cmd = python(f"""
+        import os, subprocess, sys
+        stage = subprocess.Popen([sys.executable, "-c", {grandchild!r}])
+        print(os.getpid(), stage.pid, flush=True)
+        stage.wait()
+    """)
+    pids = []
+
+    def log(line):
+        pids.extend(int(p) for p in line.split())
+        raise KeyboardInterrupt  # Ctrl-C (or Prefect's cancellation) while the stage runs
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_logged(cmd, {}, log)
+    assert len(pids) == 2
+    for _ in range(50):  # the orphaned grandchild is reaped by init, not by us
+        if not any(running(p) for p in pids):
+            break
+        time.sleep(0.1)
+    assert not any(running(p) for p in pids), "the interrupted command or the process it started still runs"
+    assert time.monotonic() - start < 20
+
+
+def test_run_dvc_names_what_failed_with_the_output_tail(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match=r"stage nothing failed \(exit \d+\):\nERROR: you are not inside of a DVC repository"):
+        run_dvc(["repro", "--single-item", "nothing"], {}, lambda line: None, what="stage nothing")
+
+
+def test_a_cancelled_prefect_flow_run_stops_the_stage_it_was_running(tmp_path):
+    # Prefect cancels a flow run by SIGTERM to its process, which its engine turns into an exception in the task
+    pids = tmp_path / "pids"
+    stage = """
+        import os, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(os.getpid(), child.pid, flush=True)
+        child.wait()
+    """
+    script = tmp_path / "flow.py"
+    script.write_text(textwrap.dedent(f"""
+        import pathlib, sys
+        from posttrain.orchestration import apply_prefect_settings, run_logged
+        apply_prefect_settings({str(tmp_path)!r})
+        from prefect import flow, task
+
+        @task
+        def stage():
+            return run_logged({python(stage)!r}, {{}}, pathlib.Path({str(pids)!r}).write_text)
+
+        @flow
+        def pipeline():
+            return stage()
+
+        pipeline()
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 180
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the flow ended before its stage started"
+            time.sleep(0.2)
+        started = [int(p) for p in pids.read_text().split()]
+        proc.send_signal(signal.SIGTERM)  # what Prefect's runner does to cancel
+        proc.wait(timeout=60)
+        for _ in range(50):
+            if not any(running(p) for p in started):
+                break
+            time.sleep(0.1)
+        assert not any(running(p) for p in started), "the cancelled flow's stage still runs"
+    finally:
+        proc.kill()
