@@ -13,9 +13,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedSeq
-from pydantic import BaseModel, ValidationError
 
 from posttrain.errors import UserError
 from posttrain.params_schema import Params
