@@ -12,6 +12,7 @@ an interrupted task stops the command together with the stage DVC started.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,7 +67,8 @@ def run_logged(cmd: Sequence[str], env: dict[str, str], log: Callable[[str], Non
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """SIGINT to ``proc``'s process group; SIGKILL to whatever of it still runs after the grace period."""
+    """SIGINT to ``proc``'s process group; SIGKILL to whatever of it still runs after the grace period (or at
+    once on a second interruption meanwhile)."""
     deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
     try:
         os.killpg(proc.pid, signal.SIGINT)
@@ -74,10 +76,12 @@ def stop_group(proc: subprocess.Popen) -> None:
             proc.poll()  # reaps the direct child, which would otherwise stay in the group as a zombie
             os.killpg(proc.pid, 0)  # ProcessLookupError once every process in the group has ended
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_dvc(args: Sequence[str], extra_env: dict[str, str], log: Callable[[str], None], what: str) -> str:

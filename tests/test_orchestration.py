@@ -81,6 +81,38 @@ def test_an_interrupted_run_stops_the_command_and_what_it_started(tmp_path, monk
     assert time.monotonic() - start < 20
 
 
+
+def test_a_second_interruption_kills_at_once(monkeypatch):
+    # a stage that ignores SIGINT, a long grace, and a second Ctrl-C one second into it
+    monkeypatch.setattr(orchestration, "INTERRUPT_GRACE_SECONDS", 600.0)
+    cmd = python("""
+        import os, signal, time
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(os.getpid(), flush=True)
+        time.sleep(600)
+    """)
+    pids = []
+
+    def second_interrupt(*_):
+        raise KeyboardInterrupt
+
+    def log(line):
+        pids.append(int(line))
+        signal.signal(signal.SIGALRM, second_interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGALRM)
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_logged(cmd, {}, log)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - start < 30
+    assert not running(pids[0])
+
 def test_run_dvc_names_what_failed_with_the_output_tail(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError, match=r"stage nothing failed \(exit \d+\):\nERROR: you are not inside of a DVC repository"):
