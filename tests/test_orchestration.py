@@ -1,4 +1,6 @@
 """run_logged / run_dvc: a flow task's command streams its output, and an interrupted task stops all it started."""
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -145,8 +147,11 @@ def test_a_cancelled_prefect_flow_run_stops_the_stage_it_was_running(tmp_path):
 
         pipeline()
     """))
+    # a group of its own, to take down at the end the ephemeral Prefect server the flow starts (it outlives a
+    # SIGTERM'd flow process)
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 180
         while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
@@ -161,4 +166,6 @@ def test_a_cancelled_prefect_flow_run_stops_the_stage_it_was_running(tmp_path):
             time.sleep(0.1)
         assert not any(running(p) for p in started), "the cancelled flow's stage still runs"
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
