@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -42,8 +43,22 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def finite_json(obj):
+    """``obj`` with every NaN or infinite float replaced by None. JSON has neither: Python's json writes them as
+    bare ``NaN`` / ``Infinity``, which strict parsers (jq, JavaScript, so DVC's VS Code extension and Studio)
+    refuse, losing the whole metrics file for the sake of one undefined figure (a Spearman on a constant column)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """Strict JSON (an undefined figure is null, see ``finite_json``), keys sorted so a re-run diffs cleanly."""
+    atomic_write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
 """Atomic outputs: readable like any file the user writes, and nothing half-done left behind on a failure."""
+import json
 import os
 import stat
 
@@ -63,3 +64,16 @@ def test_a_swap_cut_between_its_two_renames_is_undone_by_the_next_write(tmp_path
     with pytest.raises(RuntimeError), atomic_dir(tmp_path / "model") as d:
         raise RuntimeError("the next build fails too")
     assert (tmp_path / "model" / "weights").read_text() == "old"
+
+
+def test_json_is_strict_an_undefined_figure_is_null(tmp_path):
+    """A NaN (a Spearman on a constant column) must not make the metrics file unreadable to strict parsers."""
+    path = tmp_path / "metrics.json"
+    atomic_write_json(path, {"spearman": float("nan"), "curve": [0.5, float("inf")], "by": {"d1": -float("inf")},
+                             "accuracy": 0.75})
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "spearman": None, "curve": [0.5, None], "by": {"d1": None}, "accuracy": 0.75}
