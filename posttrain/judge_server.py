@@ -14,11 +14,12 @@ Start it with ``JudgeService(...).start()`` (a free port, a background thread; `
 of tokens), which the client's cost ledger prices.
 
 Example:
-    >>> with JudgeService(records, backend="verifier") as svc:      # doctest: +SKIP
-    ...     JudgeClient(params.judge, svc.base_url).judge([(q, a, b)])
+    >>> with JudgeService(build_app(verifier_backend(records), "verifier-judge")) as svc:  # doctest: +SKIP
+    ...     JudgeClient(params.judge, svc.base_url).judge([(question, response_a, response_b)])
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -96,12 +97,17 @@ class InjectedConnectionReset(ConnectionResetError):
     """Raised mid-response by the ``connection_reset`` fault: uvicorn then drops the connection."""
 
 
-class _QuietInjectedResets(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:  # uvicorn logs every dropped response with a traceback
-        return not (record.exc_info and isinstance(record.exc_info[1], InjectedConnectionReset))
+class _QuietExpectedErrors(logging.Filter):
+    """uvicorn logs a full traceback for every response it drops: the ``connection_reset`` fault's (on purpose), and
+    at shutdown each request still running past the grace period (a slow HF judge), after one line saying how many
+    it cancels. Neither traceback says more than that."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1],
+                                                   (InjectedConnectionReset, asyncio.CancelledError)))
 
 
-logging.getLogger("uvicorn.error").addFilter(_QuietInjectedResets())
+logging.getLogger("uvicorn.error").addFilter(_QuietExpectedErrors())
 
 
 def _reset_midway(head: bytes):
@@ -120,6 +126,9 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
     if unknown:
         raise ValueError(f"unknown judge faults {sorted(unknown)}; expected some of {FAULTS}")
     app = FastAPI(title="posttrain judge")
+    # set by JudgeService.stop: a request held by latency or the timeout fault then answers 503 at once, rather
+    # than keeping the server from stopping until it is cancelled mid-flight
+    app.state.stopping = stopping = threading.Event()
     rng = random.Random(seed)
     lock = threading.Lock()
 
@@ -146,14 +155,16 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
         if not isinstance(messages, list):
             return JSONResponse({"error": {"message": "expected a JSON body with 'messages'"}}, status_code=400)
         if latency_s:
-            time.sleep(latency_s)
+            stopping.wait(latency_s)
         fault = draw_fault()
+        if fault == "timeout":
+            stopping.wait(hang_s)
+        if stopping.is_set():
+            return JSONResponse({"error": {"message": "the judge service is stopping"}}, status_code=503)
         if fault == "http_500":
             return JSONResponse({"error": {"message": "injected server error"}}, status_code=500)
         if fault == "http_429":
             return JSONResponse({"error": {"message": "slow down"}}, status_code=429, headers={"Retry-After": "0.2"})
-        if fault == "timeout":
-            time.sleep(hang_s)
         text = "I compared them carefully and both have merit." if fault == "no_verdict" else judge(messages)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
         payload = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "model": model_name,
@@ -182,7 +193,7 @@ class JudgeService:
     """The judge app under uvicorn in a background thread on 127.0.0.1 (a free port unless given)."""
 
     def __init__(self, app: FastAPI, port: int | None = None):
-        self.port = port or free_port()
+        self.app, self.port = app, port or free_port()
         # a request still hanging (the timeout fault, a slow HF judge) must not hold shutdown past a few seconds
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=2))
@@ -202,6 +213,7 @@ class JudgeService:
         return self
 
     def stop(self) -> None:
+        self.app.state.stopping.set()
         self.server.should_exit = True
         self.thread.join(timeout=10)
         if self.thread.is_alive():
