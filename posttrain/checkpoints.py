@@ -26,6 +26,22 @@ from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from posttrain.tracking import HASHES_MISSING_TAG
 
 
+# how many processes do a stage's work, not what they compute: left out of a resume key, so lowering them after
+# running out of memory keeps what the killed run finished
+RUN_ONLY_FIELDS = {"sandbox": {"workers"}, "evaluate": {"workers", "ray_address"}}
+
+
+def result_params(params, sections: tuple[str, ...]) -> dict:
+    """The named params sections as far as they decide a stage's results (``RUN_ONLY_FIELDS`` left out): the
+    ``cfg`` of ``claim_checkpoint_dir`` for a stage that reads those sections.
+
+    >>> from posttrain.params import load_params
+    >>> "workers" in result_params(load_params(), ("sandbox",))["sandbox"]
+    False
+    """
+    return {name: getattr(params, name).model_dump(exclude=RUN_ONLY_FIELDS.get(name, set())) for name in sections}
+
+
 def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
     """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
     checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's

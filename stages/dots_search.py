@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.dots import SearchConfig, search_trajectories
-from posttrain.checkpoints import claim_checkpoint_dir
+from posttrain.checkpoints import claim_checkpoint_dir, result_params
 from posttrain.errors import stage_main
 from posttrain.executor import TrajectoryExecutor
 from posttrain.generation import open_generator
@@ -41,12 +41,13 @@ from posttrain.trajectories import BY_NAME, TRAJECTORIES
 SOLVER, TRAIN, OUT = "models/warmup", "data/prepared/train.jsonl", Path("data/dots")
 METRICS, PLOT = Path("reports/metrics/dots_search.json"), Path("reports/dots/optimal_trajectories.png")
 CHECKPOINTS = Path("checkpoints/dots_search")
+RESUME_SECTIONS = ("dots_search", "sandbox", "generation")  # the params a resumed run must share
 
 
 def checkpoint_file(params: Params) -> Path:
     """done.jsonl under a key of the search params and the stage's inputs: only a matching run resumes."""
-    sections = {name: getattr(params, name).model_dump() for name in ("dots_search", "sandbox", "generation")}
-    return claim_checkpoint_dir(CHECKPOINTS, sections, params.seed, [Path(TRAIN), Path(SOLVER)]) / "done.jsonl"
+    return claim_checkpoint_dir(CHECKPOINTS, result_params(params, RESUME_SECTIONS), params.seed,
+                                [Path(TRAIN), Path(SOLVER)]) / "done.jsonl"
 
 
 def read_done(path: Path) -> dict[str, dict]:

@@ -20,12 +20,12 @@ import matplotlib.pyplot as plt
 
 import mlflow
 from posttrain.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from posttrain.checkpoints import claim_checkpoint_dir
+from posttrain.checkpoints import claim_checkpoint_dir, result_params
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, summarize
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
-from posttrain.params_schema import EvaluateParams, Params
+from posttrain.params_schema import EvaluateParams
 from posttrain.sharded_evaluation import SOLVER, plan_shards, run_shards
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
@@ -38,6 +38,7 @@ PLOT_CSV = Path("reports/plots/accuracy_by_difficulty.csv")
 RESPONSES = Path("reports/evaluate/responses.jsonl")
 PLOT_PNG = Path("reports/evaluate/accuracy_by_difficulty.png")
 CHECKPOINTS = Path("checkpoints/evaluate")  # finished shards of a killed evaluation
+RESUME_SECTIONS = ("sandbox", "evaluate", "generation")  # the params a resumed run must share
 
 
 def resolve_formats(formats) -> list[str]:
@@ -83,14 +84,6 @@ def systems_to_evaluate(cfg: EvaluateParams, formats: list[str]) -> tuple[dict, 
     return systems, dirs
 
 
-def scoring_params(params: Params) -> dict:
-    """What decides a shard's scores: a resume after a kill keeps the finished shards when only how many workers
-    ran them changed (the first thing to lower after running out of memory)."""
-    return {"sandbox": params.sandbox.model_dump(exclude={"workers"}),
-            "evaluate": params.evaluate.model_dump(exclude={"workers", "ray_address"}),
-            "generation": params.generation.model_dump()}
-
-
 @stage_main
 def main() -> None:
     params = load_params()
@@ -103,7 +96,7 @@ def main() -> None:
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)
         print(f"evaluate: {len(shards)} shards of up to {cfg.shard_size} questions on "
               f"{cfg.ray_address or f'{cfg.workers} local Ray workers' if cfg.workers else 'this process'}")
-        done_dir = claim_checkpoint_dir(CHECKPOINTS, scoring_params(params), params.seed,
+        done_dir = claim_checkpoint_dir(CHECKPOINTS, result_params(params, RESUME_SECTIONS), params.seed,
                                   [Path(TEST), *sorted({Path(s.model_dir) for s in shards} | {Path(PLANNER), SOLVER})])
         already = sum((done_dir / s.filename).is_file() for s in shards)
         if already:

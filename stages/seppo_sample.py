@@ -16,7 +16,8 @@ log-probs a SePPO/DPO trainer needs), data/seppo/pairs.jsonl (the RM's training 
 (pairs the label calls a tie, for ``train_rm.tie_share``) and
 reports/metrics/seppo_sample.json (reference accuracy per checkpoint, AAF flip rate, AAF-verifier agreement).
 Resumable: each reference's samples are saved under checkpoints/seppo_sample/<key>/ as it finishes (its sampling
-seed is its own), so a killed run goes on at the next reference and writes what an uninterrupted one would.
+seed is its own), then the anchors' verdicts and the policy's log-probs, so a killed run goes on from the last of
+these and writes what an uninterrupted one would.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import mlflow
 
 from posttrain.atomic import atomic_dir, atomic_write_json, atomic_write_text
-from posttrain.checkpoints import claim_checkpoint_dir
+from posttrain.checkpoints import claim_checkpoint_dir, result_params
 from posttrain.errors import stage_main
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import open_generator
@@ -45,6 +46,18 @@ TRAIN, POLICY, WARMUP = Path("data/prepared/train.jsonl"), "models/sft", "models
 SNAPSHOTS, OUT = Path("models/sft_checkpoints"), Path("data/seppo")
 METRICS = Path("reports/metrics/seppo_sample.json")
 CHECKPOINTS = Path("checkpoints/seppo_sample")  # each reference's samples, for a resume after a kill
+RESUME_SECTIONS = ("seppo_sample", "sandbox", "generation")  # the params a resumed run must share
+
+
+def saved_step(path: Path, what: str, compute):
+    """``compute()``'s JSON-able result, saved in the run's progress directory: a resumed run reads it back. The
+    directory's key covers the params and inputs, and the samples it is computed from are the saved ones."""
+    if path.is_file():
+        print(f"seppo_sample: resuming, {what} already")
+        return json.loads(path.read_text(encoding="utf-8"))
+    result = compute()
+    atomic_write_json(path, result)
+    return result
 
 
 def agreement(samples: list[dict]) -> dict:
@@ -74,8 +87,7 @@ def main() -> None:
 
         # 1-2. sample from each reference, build the anchors, keep the reference log-probs of both; each reference's
         # samples are saved as they are done, so a killed run resumes at the next reference
-        progress = claim_checkpoint_dir(CHECKPOINTS, {name: getattr(params, name).model_dump() for name in
-                                                      ("seppo_sample", "sandbox", "generation")}, params.seed,
+        progress = claim_checkpoint_dir(CHECKPOINTS, result_params(params, RESUME_SECTIONS), params.seed,
                                         [TRAIN, Path(WARMUP), SNAPSHOTS])
         samples = []
         for j, todo in sorted(jobs.items()):
@@ -107,19 +119,28 @@ def main() -> None:
         # force of a huge repeated block runs out of CPU. A pair with an anchor that fails is no "winner" pair.
         by_id = {rec["id"]: rec for rec in records}
         anchors = sorted({(s["id"], s["anchor"]) for s in samples})
-        anchor_verdicts = score_responses([by_id[i] for i, _ in anchors], [OWN_CHOICE] * len(anchors),
-                                          [a for _, a in anchors], sandbox_limits(params.sandbox),
-                                          params.sandbox.workers)
-        anchor_correct = {key: v["correct"] for key, v in zip(anchors, anchor_verdicts)}
+
+        def score_anchors() -> list[bool]:
+            verdicts = score_responses([by_id[i] for i, _ in anchors], [OWN_CHOICE] * len(anchors),
+                                       [a for _, a in anchors], sandbox_limits(params.sandbox), params.sandbox.workers)
+            return [v["correct"] for v in verdicts]
+
+        anchor_correct = dict(zip(anchors, saved_step(progress / "anchor_verdicts.json", "anchors scored",
+                                                      score_anchors)))
         for s in samples:
             s["anchor_correct"] = anchor_correct[(s["id"], s["anchor"])]
 
         # 3. the policy's log-probs, then the anchor rule
-        tokenizer, policy = load_pretrained(POLICY)
-        pol_w = completion_logps(policy, tokenizer, [s["prompt"] for s in samples], [s["anchor"] for s in samples],
-                                 cfg.batch_size, desc="policy log p(y_w)")
-        pol_r = completion_logps(policy, tokenizer, [s["prompt"] for s in samples], [s["response"] for s in samples],
-                                 cfg.batch_size, desc="policy log p(y_ref)")
+        def policy_logps() -> dict[str, list[float]]:
+            tokenizer, policy = load_pretrained(POLICY)
+            prompts = [s["prompt"] for s in samples]
+            return {"anchor": completion_logps(policy, tokenizer, prompts, [s["anchor"] for s in samples],
+                                               cfg.batch_size, desc="policy log p(y_w)"),
+                    "response": completion_logps(policy, tokenizer, prompts, [s["response"] for s in samples],
+                                                 cfg.batch_size, desc="policy log p(y_ref)")}
+
+        logps = saved_step(progress / "policy_logps.json", "policy log-probs computed", policy_logps)
+        pol_w, pol_r = logps["anchor"], logps["response"]
         for s, lw, lr in zip(samples, pol_w, pol_r):
             s["h_w"], s["h_r"] = lw - s["ref_anchor_logp"], lr - s["ref_response_logp"]
             s["anchor_wins"] = s["h_w"] < 0

@@ -167,3 +167,26 @@ def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, restore_tracking_u
                 shutil.rmtree(later)
         resumed = train("killed", f"resumed_{killed_at}")
         assert resumed["resumed_from"] and resumed["train_tokens"] == full["train_tokens"] - counted[killed_at]
+
+
+@pytest.mark.parametrize("stage", ["dots_search", "seppo_sample", "evaluate"])
+def test_a_run_resumed_with_fewer_workers_keeps_what_the_killed_run_finished(stage, tmp_path):
+    """Each resumable stage's key hashed every param it read, so lowering sandbox.workers (or evaluate.workers) after
+    running out of memory started the work over; what the stage computes must still change the key."""
+    import importlib
+
+    from posttrain.checkpoints import claim_checkpoint_dir, result_params
+    from posttrain.params import load_params
+
+    sections = importlib.import_module(f"stages.{stage}").RESUME_SECTIONS
+    params = load_params()
+    fewer = params.model_copy(update={
+        "evaluate": params.evaluate.model_copy(update={"workers": 1, "ray_address": "auto"}),
+        "sandbox": params.sandbox.model_copy(update={"workers": 1})})
+    first = claim_checkpoint_dir(tmp_path, result_params(params, sections), params.seed, [])
+    first.mkdir(parents=True)
+    (first / "done.jsonl").write_text("{}\n")
+    assert claim_checkpoint_dir(tmp_path, result_params(fewer, sections), params.seed, []) == first
+    assert (first / "done.jsonl").exists()
+    tighter = params.model_copy(update={"sandbox": params.sandbox.model_copy(update={"cpu_seconds": params.sandbox.cpu_seconds + 1})})
+    assert claim_checkpoint_dir(tmp_path, result_params(tighter, sections), params.seed, []) != first

@@ -250,15 +250,24 @@ def test_dots_search_resumes_after_a_kill(repro):
     assert_nothing_lost(repo, "dots_search", ["data/dots", "reports/dots"])
 
 
-def test_seppo_sample_resumes_after_a_kill_and_samples_what_an_uninterrupted_run_does(repro):
+@pytest.fixture(scope="module")
+def seppo_straight(repro):
+    """data/seppo/samples.jsonl of an uninterrupted seppo_sample run, on the models as earlier tests left them."""
+    repo, _ = repro
+    run(["dvc", "repro", "-f", "--single-item", "seppo_sample"], repo)
+    return (repo / "data/seppo/samples.jsonl").read_text()
+
+
+@pytest.mark.parametrize("saved,resumed", [("reference_0.jsonl", "seppo_sample: resuming, reference"),
+                                           ("anchor_verdicts.json", "seppo_sample: resuming, anchors scored already")])
+def test_seppo_sample_resumes_after_a_kill_and_samples_what_an_uninterrupted_run_does(repro, seppo_straight, saved,
+                                                                                     resumed):
     repo, _ = repro
     cmd = ["dvc", "repro", "-f", "--single-item", "seppo_sample"]
-    run(cmd, repo)  # uninterrupted, on the models as earlier tests left them
-    straight = (repo / "data/seppo/samples.jsonl").read_text()
-    kill_when(cmd, repo, lambda: bool(list((repo / "checkpoints/seppo_sample").glob("*/reference_0.jsonl"))))
+    kill_when(cmd, repo, lambda: bool(list((repo / "checkpoints/seppo_sample").glob(f"*/{saved}"))))
     out = run(cmd, repo)
-    assert "seppo_sample: resuming, reference" in out
-    assert (repo / "data/seppo/samples.jsonl").read_text() == straight
+    assert resumed in out
+    assert (repo / "data/seppo/samples.jsonl").read_text() == seppo_straight
     assert_nothing_lost(repo, "seppo_sample", ["data/seppo", "reports/metrics/seppo_sample.json"])
 
 

@@ -76,22 +76,3 @@ def test_finished_shards_are_read_back_after_a_kill(tiny, monkeypatch, tmp_path)
     monkeypatch.setattr(sharded_evaluation, "_score_shard", counting)
     assert run_shards(shards, tiny.records, params, tmp_path / "done") == first
     assert scored == [shards[0].name, shards[1].name]
-
-
-def test_an_evaluation_resumed_with_fewer_workers_keeps_its_finished_shards(tmp_path):
-    """The checkpoint key hashed every param, so lowering evaluate.workers after a kill re-scored everything."""
-    from posttrain.checkpoints import claim_checkpoint_dir
-    from posttrain.params import load_params
-    from stages.evaluate import scoring_params
-
-    params = load_params()
-    fewer = params.model_copy(update={
-        "evaluate": params.evaluate.model_copy(update={"workers": 1, "ray_address": "auto"}),
-        "sandbox": params.sandbox.model_copy(update={"workers": 1})})
-    first = claim_checkpoint_dir(tmp_path, scoring_params(params), params.seed, [])
-    (first / "shard-0.jsonl").parent.mkdir(parents=True)
-    (first / "shard-0.jsonl").write_text("{}\n")
-    assert claim_checkpoint_dir(tmp_path, scoring_params(fewer), params.seed, []) == first
-    assert (first / "shard-0.jsonl").exists()
-    fewer_questions = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"n_test": 10})})
-    assert claim_checkpoint_dir(tmp_path, scoring_params(fewer_questions), params.seed, []) != first
