@@ -188,5 +188,6 @@ def test_a_run_resumed_with_fewer_workers_keeps_what_the_killed_run_finished(sta
     (first / "done.jsonl").write_text("{}\n")
     assert claim_checkpoint_dir(tmp_path, result_params(fewer, sections), params.seed, []) == first
     assert (first / "done.jsonl").exists()
-    tighter = params.model_copy(update={"sandbox": params.sandbox.model_copy(update={"cpu_seconds": params.sandbox.cpu_seconds + 1})})
+    more_cpu = params.sandbox.model_copy(update={"cpu_seconds": params.sandbox.cpu_seconds + 1})
+    tighter = params.model_copy(update={"sandbox": more_cpu})
     assert claim_checkpoint_dir(tmp_path, result_params(tighter, sections), params.seed, []) != first
