@@ -2,7 +2,8 @@
 Bradley-Terry RM baseline (TRL's RewardTrainer).
 
 Checkpoints go to ``checkpoint_root/<key>`` (key = config + input bytes, as for SFT); a re-run after a kill
-resumes from the last one. Both log per-step loss to the active MLflow run.
+resumes from the last one. Both log per-step loss to the active MLflow run and, given a ``curve`` path, to that
+CSV (``posttrain.curves``).
 
 Example:
     >>> pm = train_preference_model("models/sft", pairs, params.train_rm, Path("checkpoints/rm"),  # doctest: +SKIP
@@ -22,6 +23,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trai
 from trl import RewardConfig, RewardTrainer
 
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.curves import TrainingCurve
 from posttrain.modeling import device_args
 from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, left_padded_positions, tail
@@ -55,7 +57,8 @@ def _training_args(cfg: RewardModelParams, out: Path, seed: int, max_steps: int,
 
 
 def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelParams, checkpoint_root: Path,
-                           key_files: list[Path], seed: int, ties: list[dict] = ()) -> PreferenceModel:
+                           key_files: list[Path], seed: int, ties: list[dict] = (),
+                           curve: Path | None = None) -> PreferenceModel:
     """Train the PM on ``pairs`` (dicts with question/chosen/rejected) in both orders, and on ``cfg.tie_share`` of
     tie rows from ``ties`` (question/a/b, target 1/2); fit the sngp posterior on every row it trained on."""
     set_seed(seed)
@@ -74,14 +77,16 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     if resume:
         print(f"train_rm: resuming the preference model from {resume}")
     args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
-    Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate).train(resume_from_checkpoint=resume)
+    callbacks = [TrainingCurve(curve, ["loss", "grad_norm", "learning_rate"])] if curve is not None else []
+    Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate,
+            callbacks=callbacks).train(resume_from_checkpoint=resume)
     pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs]
                      + [(t["question"], t["a"], t["b"]) for t in ties], cfg.eval_batch_size)
     return pm.eval()  # the checkpoints stay (see claim_checkpoint_dir)
 
 
 def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParams, out: Path, checkpoint_root: Path,
-                       key_files: list[Path], seed: int):
+                       key_files: list[Path], seed: int, curve: Path | None = None):
     """TRL RewardTrainer (Bradley-Terry on r(chosen) - r(rejected)); returns (model, tokenizer), saved to ``out``."""
     set_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(init_model)
@@ -94,7 +99,9 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
     resume = last_complete_checkpoint(ckpt)
     args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
-    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    callbacks = [TrainingCurve(curve, ["loss", "accuracy", "margin"])] if curve is not None else []
+    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                            callbacks=callbacks)
     # a run of its own, nested in the stage's: its Trainer args and loss curve would clash with the PM's there
     with mlflow.start_run(run_name="pointwise_rm", nested=True) if mlflow.active_run() else contextlib.nullcontext():
         trainer.train(resume_from_checkpoint=resume)

@@ -38,6 +38,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.curves import TrainingCurve
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.generation import trl_vllm_args
@@ -50,6 +51,10 @@ from posttrain.sandbox import SandboxLimits, sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
 
 ROUTING_STATE = "routing_state.json"
+# per step into the curve file: the policy's loss and KL, the spread of its advantages (their mean is 0 by
+# antisymmetry), and what routing did; dev accuracy joins every rlhf.dev_every steps
+RLHF_CURVE = ["loss", "kl", "reward_std", "completions/mean_length", "routing/routed_fraction",
+              "routing/judge_failures", "judge/calls_total", "judge/cost_total"]
 
 
 def final_answers(responses: list[str], limits: SandboxLimits = SandboxLimits(), workers: int = 2) -> list[int | None]:
@@ -272,11 +277,12 @@ def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
 
 def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[dict], dev: list[dict], params,
                         out: str, checkpoint_root: Path, key_files: list[Path], seed: int | None = None,
-                        ) -> DevAccuracyCallback:
+                        curve: Path | None = None) -> DevAccuracyCallback:
     """GRPO from ``policy`` with ``reward`` on the ``train`` questions; the result is saved to ``out``.
 
     Checkpoints every ``rlhf.save_steps`` under ``checkpoint_root/<hash of params, policy, key_files>``, so a
-    killed run resumes. Returns the dev-accuracy callback (its ``history`` holds (step, accuracy)).
+    killed run resumes. With ``curve``, the per-step KL, routing figures and dev accuracy are kept in that CSV
+    (``posttrain.curves``). Returns the dev-accuracy callback (its ``history`` holds (step, accuracy)).
     """
     cfg, seed = params.rlhf, params.seed if seed is None else seed
     tokenizer = AutoTokenizer.from_pretrained(policy)
@@ -296,7 +302,8 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlhf_routed.resumed_from", resume)
     trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb, state_cb])
+                          train_dataset=dataset, processing_class=tokenizer,
+                          callbacks=[dev_cb, state_cb, *([TrainingCurve(curve, RLHF_CURVE, dev_cb)] if curve else [])])
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
         save_trained(trainer, tokenizer, tmp)

@@ -45,6 +45,9 @@ from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
 
 ROLLOUT_STATE = "rollout_state.json"
+# per step into the curve file: what RL optimises and what its rollouts cost, cumulative and per step
+RLVR_CURVE = ["loss", "kl", "rollout/reward_mean", "rollout/solved_share", "rollout/zero_advantage_share",
+              "rollout/responses", "rollout/total_responses", "rollout/total_tokens", "rollout/buffer_hits"]
 
 
 class VerifierReward:

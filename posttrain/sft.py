@@ -23,8 +23,11 @@ from trl import SFTConfig, SFTTrainer
 import mlflow
 from posttrain.atomic import atomic_dir
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.curves import TrainingCurve
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.params_schema import WarmupParams
+
+SFT_CURVE = ["loss", "mean_token_accuracy", "learning_rate"]  # what SFTTrainer logs that a curve file keeps
 
 
 def session_tokens(log_history: list[dict], resumed_at_step: int) -> int:
@@ -67,11 +70,12 @@ def save_snapshots(ckpt: Path, dest: Path, last_step: int) -> None:
 
 def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str, checkpoint_root: Path,
               key_files: list[Path], seed: int, name: str = "sft", metric_prefix: str = "",
-              snapshots: str | None = None) -> dict:
+              snapshots: str | None = None, curve: Path | None = None) -> dict:
     """Fine-tune ``init_model`` on prompt/completion ``examples``; save to ``out`` atomically.
 
     With ``snapshots``, every checkpoint before the last step is also kept (weights and tokenizer only) as
-    ``<snapshots>/step-<n>``: SePPO draws its reference models from them.
+    ``<snapshots>/step-<n>``: SePPO draws its reference models from them. With ``curve``, the loss curve is kept in
+    that CSV as it trains (see ``posttrain.curves``).
 
     The checkpoints, the final one included, stay under ``checkpoint_root`` (see ``claim_checkpoint_dir``): a stage
     killed while it trains its next model, or before DVC has recorded its outputs, resumes this one at its end
@@ -90,7 +94,9 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     # the checkpoint away)
     resumed_at = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     args = sft_config(cfg, ckpt, seed, keep_all=snapshots is not None)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer)
+    callbacks = [TrainingCurve(curve, SFT_CURVE)] if curve is not None else []
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
+                         callbacks=callbacks)
     result = trainer.train(resume_from_checkpoint=resume)
     n_tokens = session_tokens(trainer.state.log_history, resumed_at)
     summary = {"train_tokens": n_tokens, "train_tokens_per_s": n_tokens / max(result.metrics["train_runtime"], 1e-9),

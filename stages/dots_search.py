@@ -112,12 +112,15 @@ def plot_distribution(summary: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for ax, key, label in ((axes[0], "optimal_by_difficulty", "difficulty"), (axes[1], "optimal_by_kind", "kind")):
         groups = list(summary[key])
+        # bars at positions, labelled: string labels such as difficulty "3" make matplotlib log a categorical warning
+        positions = range(len(groups))
         bottom = [0.0] * len(groups)
         for i, name in enumerate(names):
             shares = [summary[key][g].get(name, 0) / max(1, sum(summary[key][g].values())) for g in groups]
             if any(shares):
-                ax.bar(groups, shares, bottom=bottom, label=name, color=plt.cm.tab20(i % 20))
+                ax.bar(positions, shares, bottom=bottom, label=name, color=plt.cm.tab20(i % 20))
                 bottom = [b + s for b, s in zip(bottom, shares)]
+        ax.set_xticks(positions, [str(g) for g in groups])
         ax.set(xlabel=label, ylabel="share of searched questions", title=f"optimal trajectory by {label}")
     axes[1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     fig.tight_layout()

@@ -2,7 +2,8 @@
 
 One page that says in a minute what each method bought: test accuracy by stage and difficulty, the DOTS
 table (static trajectories vs the searched planner), reward-model calibration, the routing curve, RLVR's
-rollout cost, and the training curves from MLflow. Each table is also written as CSV under reports/report/,
+rollout cost, and the training curves (the CSVs the training stages write under reports/curves/, which DVC
+tracks: not the MLflow store, which differs between workspaces). Each table is also written as CSV under reports/report/,
 each figure is a PNG embedded in the markdown. A missing input (a stage not run yet) leaves its section out
 with a line saying so, never a crash.
 """
@@ -18,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from posttrain.atomic import atomic_write_text  # noqa: E402
+from posttrain.curves import CURVES as CURVE_DIR  # noqa: E402
+from posttrain.curves import read_curve  # noqa: E402
 from posttrain.errors import stage_main  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
@@ -27,10 +30,12 @@ METRICS, OUT = REPORTS / "metrics", REPORTS / "report"
 README = REPORTS / "README.md"
 STAGES = [("warmup", "warm-up (own choice)"), ("sft_vanilla", "vanilla SFT"), ("dots_internal", "DOTS internalized (sft)"),
           ("dots_external", "DOTS external planner"), ("rlhf", "routed RLHF"), ("rlvr", "RLVR (AR3PO)")]
-# the training curves: (stage run name, MLflow metric, label)
-CURVES = [("warmup", "loss", "warm-up loss"), ("sft", "loss", "SFT loss"), ("train_rm", "loss", "PM loss"),
-          ("rlhf_routed", "dev_accuracy", "routed RLHF dev accuracy"),
-          ("rlvr_ar3po", "rollout/reward_mean", "RLVR reward (verifier mean)")]
+# the training curves, one panel each: (title, column, {series label: curve file under reports/curves/})
+CURVES = [("warm-up loss", "loss", {"": "warmup.csv"}),
+          ("SFT loss", "loss", {planner: f"sft_{planner}.csv" for planner in ("internal", "external", "vanilla")}),
+          ("reward model loss", "loss", {"pairwise PM": "train_rm_pm.csv", "pointwise RM": "train_rm_pointwise.csv"}),
+          ("routed RLHF dev accuracy", "dev_accuracy", {"": "rlhf_routed.csv"}),
+          ("RLVR reward (verifier mean)", "rollout_reward_mean", {"": "rlvr_ar3po.csv"})]
 
 
 def load(name: str) -> dict | None:
@@ -100,37 +105,22 @@ def plot_rollout_cost(rlvr: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def training_curves(params, path: Path) -> list[str]:
-    """The latest finished run of each training stage, its curve from MLflow; returns the curves drawn."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=params.tracking.uri)
-    exp = client.get_experiment_by_name(params.tracking.experiment)
+def training_curves(path: Path) -> list[str]:
+    """One panel per training stage from its curve files; returns the titles of the panels that have data."""
     drawn = []
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
-    for ax, (stage, metric, label) in zip(axes, CURVES):
-        runs = client.search_runs([exp.experiment_id], f"tags.`posttrain.stage` = '{stage}' and "
-                                  "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
-                                  max_results=1) if exp else []
-        history = sorted(client.get_metric_history(runs[0].info.run_id, metric), key=lambda h: h.timestamp) \
-            if runs else []
-        # one stage run may hold several trainers logging the same metric (sft: planner, solver, vanilla):
-        # a step that goes back starts a new series
-        series: list[list] = []
-        for h in history:
-            if not series or h.step <= series[-1][-1].step:
-                series.append([])
-            series[-1].append(h)
-        for k, points in enumerate(series):
-            values = pd.Series([h.value for h in points])
-            smooth = values.rolling(10, min_periods=1).mean() if len(points) > 30 else values
-            ax.plot([h.step for h in points], smooth, lw=1.2, marker="o" if len(points) < 10 else None,
-                    label=f"trainer {k + 1}" if len(series) > 1 else None)
-        if len(series) > 1:
+    for ax, (title, column, files) in zip(axes, CURVES):
+        series = {label: read_curve(CURVE_DIR / name) for label, name in files.items()}
+        series = {label: df.dropna(subset=[column]) for label, df in series.items() if column in df}
+        for label, df in series.items():
+            # long series are smoothed over 10 logged steps; short ones drawn point by point
+            values = df[column].rolling(10, min_periods=1).mean() if len(df) > 30 else df[column]
+            ax.plot(df["step"], values, lw=1.2, marker="o" if len(df) < 10 else None, label=label or None)
+        if any(label for label in series):
             ax.legend(fontsize=7)
-        if history:
-            drawn.append(label)
-        ax.set(title=label, xlabel="step")
+        if any(len(df) for df in series.values()):
+            drawn.append(title)
+        ax.set(title=title, xlabel="step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -138,7 +128,7 @@ def training_curves(params, path: Path) -> list[str]:
     return drawn
 
 
-def build_report(params) -> str:
+def build_report() -> str:
     """The markdown of reports/README.md (figures and CSVs written beside it under reports/report/)."""
     OUT.mkdir(parents=True, exist_ok=True)
     evaluate, rlhf, rlvr, rm = load("evaluate") or {}, load("rlhf_routed"), load("rlvr_ar3po"), load("train_rm")
@@ -186,13 +176,15 @@ def build_report(params) -> str:
                   f"{rlvr['rollout']['responses']} responses ({rlvr['responses_per_prompt']:.2f} per prompt), "
                   f"zero-advantage share {rlvr['zero_advantage_share']:.2f}, generation {rlvr['generation_share']:.0%} "
                   "of step time ([CSV](report/rollout_cost.csv)).\n", "![rollout cost](report/rollout_cost.png)\n"]
-    drawn = training_curves(params, OUT / "training_curves.png")
+    drawn = training_curves(OUT / "training_curves.png")
     if drawn:
-        parts += ["## Training curves\n", f"From MLflow, the latest run of each stage: {', '.join(drawn)} "
-                  "(long series smoothed over 10 steps).\n",
+        parts += ["## Training curves\n", f"From the curve files the training stages write under `curves/` "
+                  f"(`python3 -m dvc plots show` draws them too): {', '.join(drawn)} (long series smoothed over 10 "
+                  "logged steps).\n",
                   "![training curves](report/training_curves.png)\n"]
-    parts += ["## Files\n", "- `metrics/*.json`: each stage's DVC metrics; `plots/accuracy_by_difficulty.csv`: DVC "
-              "plot data (`python3 -m dvc plots show`).\n- `evaluate/responses.jsonl`: every test answer and its "
+    parts += ["## Files\n", "- `metrics/*.json`: each stage's DVC metrics; `plots/accuracy_by_difficulty.csv` and "
+              "`curves/*.csv` (each training stage's logged steps): DVC plot data (`python3 -m dvc plots show`, "
+              "`dvc plots diff` against another commit).\n- `evaluate/responses.jsonl`: every test answer and its "
               "verdict (DVC-cached, git-ignored).\n- `report/`: this page's figures and tables (CSV).\n"]
     return "\n".join(parts)
 
@@ -203,7 +195,7 @@ def main() -> None:
     with stage_run("report", params, sections=["seed"]):
         import mlflow
 
-        atomic_write_text(README, build_report(params))
+        atomic_write_text(README, build_report())
         mlflow.log_artifact(str(README), "report")
         mlflow.log_artifacts(str(OUT), "report")
         print(f"report: wrote {README} and {len(list(OUT.iterdir()))} files under {OUT}")

@@ -20,6 +20,7 @@ import mlflow
 import torch
 
 from posttrain.atomic import atomic_dir, atomic_write_json
+from posttrain.curves import CURVES
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
@@ -75,7 +76,8 @@ def main() -> None:
             reward = RoutedPairwiseReward(pm, JudgeClient(params.judge, base_url, cache, ledger), cfg, params.seed,
                                           params.sandbox)
             dev_cb = train_routed_policy(POLICY, reward, train, dev, params, OUT, CHECKPOINTS,
-                                         key_files=[Path(PM_DIR), DATA / "train.jsonl"])
+                                         key_files=[Path(PM_DIR), DATA / "train.jsonl"],
+                                         curve=CURVES / "rlhf_routed.csv")
 
         # 3. test accuracy before and after, and what the judge cost
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)

@@ -21,12 +21,13 @@ from transformers import AutoTokenizer
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.curves import CURVES, TrainingCurve
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.params_schema import Params
 from posttrain.policy_accuracy import DevAccuracyCallback, own_choice_accuracy
-from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
+from posttrain.rlvr import RLVR_CURVE, ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
 from posttrain.sandbox import sandbox_limits
 from posttrain.tracking import stage_run
 from posttrain.trajectories import prompt
@@ -36,10 +37,11 @@ METRICS, CHECKPOINTS = Path("reports/metrics/rlvr_ar3po.json"), Path("checkpoint
 
 
 def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out: str, checkpoint_root: Path,
-               seed: int | None = None) -> tuple[RLVRTrainer, DevAccuracyCallback]:
+               seed: int | None = None, curve: Path | None = None) -> tuple[RLVRTrainer, DevAccuracyCallback]:
     """RLVR from the SFT policy on ``train``; accuracy on ``eval_records`` every ``rlvr.dev_every`` steps.
 
     Resumes from the last checkpoint under ``checkpoint_root/<hash of params, policy, data>``; saves to ``out``.
+    With ``curve``, the per-step reward, rollout cost and dev accuracy are kept in that CSV (``posttrain.curves``).
     """
     cfg, seed = params.rlvr, params.seed if seed is None else seed
     tokenizer = AutoTokenizer.from_pretrained(POLICY)
@@ -53,7 +55,8 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
                                 seed, [Path(POLICY), DATA / "train.jsonl"])
     resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
     trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[dev_cb], rlvr=cfg, seed=seed)
+                          processing_class=tokenizer, rlvr=cfg, seed=seed,
+                          callbacks=[dev_cb, *([TrainingCurve(curve, RLVR_CURVE, dev_cb)] if curve else [])])
     if resume:
         print(f"rlvr_ar3po: resuming from {resume}")
         if mlflow.active_run() is not None:
@@ -80,7 +83,8 @@ def main() -> None:
     cfg = params.rlvr
     with stage_run("rlvr_ar3po", params, sections=["seed", "sandbox", "rlvr"]):
         train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
-        trainer, dev_cb = train_rlvr(params, train[:cfg.n_prompts], dev[:cfg.n_dev], OUT, CHECKPOINTS)
+        trainer, dev_cb = train_rlvr(params, train[:cfg.n_prompts], dev[:cfg.n_dev], OUT, CHECKPOINTS,
+                                     curve=CURVES / "rlvr_ar3po.csv")
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         totals = dict(trainer.totals)

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import mlflow
 
-from posttrain.atomic import atomic_dir
+from posttrain.atomic import atomic_dir, atomic_write_text
+from posttrain.curves import CURVES, curve_csv
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
-from posttrain.sft import train_sft
+from posttrain.sft import SFT_CURVE, train_sft
 from posttrain.task.arithmetic import Problem
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
@@ -77,6 +78,8 @@ def main() -> None:
             for out in OUT.values():
                 with atomic_dir(out) as tmp:
                     shutil.copytree(SOLVER, tmp, dirs_exist_ok=True)
+            for planner in OUT:  # declared outputs: no step was trained, so a header only
+                atomic_write_text(CURVES / f"sft_{planner}.csv", curve_csv([], SFT_CURVE))
             with atomic_dir(SNAPSHOTS):
                 pass
             return
@@ -84,7 +87,8 @@ def main() -> None:
             steps = cfg.external_max_steps if planner == "external" else cfg.max_steps
             train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
                       CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed, name=f"sft {planner}",
-                      metric_prefix=f"{planner}.", snapshots=SNAPSHOTS if planner == "internal" else None)
+                      metric_prefix=f"{planner}.", snapshots=SNAPSHOTS if planner == "internal" else None,
+                      curve=CURVES / f"sft_{planner}.csv")
 
 
 if __name__ == "__main__":

@@ -127,15 +127,17 @@ def test_dvc_hashes_retries_a_failing_hash(monkeypatch):
     assert len(calls) == 2 and "dvc.dep.stages/prepare.py" in hashes
 
 
-def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, restore_tracking_uri):
+def test_a_resumed_sft_counts_the_tokens_it_trained_and_keeps_its_whole_curve(tmp_path, restore_tracking_uri):
     """TRL's token count starts again at 0 on a resume: the session after a kill at step 2 reported 424 tokens of
-    the 1,199 it trained, and after a kill at step 4, 0."""
+    the 1,199 it trained, and after a kill at step 4, 0. The curve file holds every step once, those before the
+    kill as the killed session logged them."""
     import json
     import shutil
 
     import yaml
     from tiny_model import tiny_scratch_model
 
+    from posttrain.curves import read_curve
     from posttrain.params_schema import SftParams
     from posttrain.sft import train_sft
     from posttrain.task.solutions import render_response
@@ -154,7 +156,8 @@ def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, restore_tracking_u
     def train(ckpt, out):  # inside a run of its own, as in a stage (no run left active for the next test)
         with mlflow.start_run():
             return train_sft(tiny.path, examples, cfg, str(tmp_path / out), tmp_path / ckpt,
-                             key_files=[tmp_path / "key"], seed=1, snapshots=str(tmp_path / f"snapshots_{out}"))
+                             key_files=[tmp_path / "key"], seed=1, snapshots=str(tmp_path / f"snapshots_{out}"),
+                             curve=tmp_path / f"{out}.csv")
     full = train("ckpt", "full")
     key = next((tmp_path / "ckpt").iterdir())
     counted = {log["step"]: log["num_tokens"] for log in
@@ -167,6 +170,10 @@ def test_a_resumed_sft_counts_the_tokens_it_trained(tmp_path, restore_tracking_u
                 shutil.rmtree(later)
         resumed = train("killed", f"resumed_{killed_at}")
         assert resumed["resumed_from"] and resumed["train_tokens"] == full["train_tokens"] - counted[killed_at]
+        whole, after_kill = read_curve(tmp_path / "full.csv"), read_curve(tmp_path / f"resumed_{killed_at}.csv")
+        assert whole["step"].tolist() == after_kill["step"].tolist() == [1, 2, 3, 4, 5, 6]
+        before = whole["step"] <= killed_at
+        assert after_kill["loss"][before].tolist() == whole["loss"][before].tolist() and after_kill["loss"].notna().all()
 
 
 @pytest.mark.parametrize("stage", ["dots_search", "seppo_sample", "evaluate"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from posttrain.curves import read_curve
 from posttrain.workspace import damaged_cache_objects, invalid_outputs, run_and_kill
 from smoke_workspace import HANG_GUARD_S, ROOT, SECRET, STAGES, mlflow_runs, run, smoke_env, smoke_repo
 
@@ -49,6 +50,13 @@ def test_repro_writes_every_output(repro):
     assert {"rlhf", "rlvr", "dots_internal"} <= set(json.loads((repo / "reports/metrics/evaluate.json").read_text()))
     assert "## Accuracy by stage" in (repo / "reports/README.md").read_text()
     assert (repo / "reports/report/accuracy_by_stage.png").stat().st_size > 1000
+    # each training stage's curve: DVC plots files the report draws (it read the untracked MLflow store before)
+    for curve, column in (("warmup", "loss"), ("train_rm_pm", "loss"), ("train_rm_pointwise", "loss"),
+                          ("rlhf_routed", "kl"), ("rlhf_routed", "dev_accuracy"), ("rlvr_ar3po", "rollout_reward_mean")):
+        assert read_curve(repo / f"reports/curves/{curve}.csv")[column].notna().sum() >= 2, curve
+    assert list(read_curve(repo / "reports/curves/sft_internal.csv")) == ["step", "loss", "mean_token_accuracy",
+                                                                          "learning_rate"]  # the smoke search kept none
+    assert "## Training curves" in (repo / "reports/README.md").read_text()
     assert {"dots_internal", "dots_external", "sft_vanilla"} <= set(metrics)
     search = [json.loads(line) for line in (repo / "data/dots/search.jsonl").open()]
     assert len(search) == 12 and all(r["optimal"] or r["dropped"] for r in search)

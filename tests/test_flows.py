@@ -169,3 +169,28 @@ def test_the_run_summary_gives_each_models_own_choice_accuracy():
     assert accuracy_lines({"warmup": warmup, "rlvr": {"accuracy": 0.662, "by_format": {"own_choice": {
         "accuracy": 0.662}}}}) == ["warmup: test accuracy 0.429 (own choice; mean over its 2 formats 0.401)",
                                    "rlvr: test accuracy 0.662"]
+
+
+def test_the_report_draws_the_training_curves_from_the_curve_files_without_mlflow(tmp_path, monkeypatch):
+    """The report read its curves from the MLflow store, which DVC does not track: a repro beside another store
+    drew fewer curves with no input changed. It reads reports/curves/*.csv now."""
+    import stages.report as report
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("mlflow.tracking.MlflowClient", None)  # any use of the store fails
+    curves = tmp_path / "reports/curves"
+    curves.mkdir(parents=True)
+    (curves / "warmup.csv").write_text("step,loss,learning_rate\n20,2.5,0.002\n40,1.25,0.001\n")
+    (curves / "sft_internal.csv").write_text("step,loss\n10,0.9\n")
+    (curves / "sft_vanilla.csv").write_text("step,loss\n")  # trained no step
+    (curves / "rlhf_routed.csv").write_text("step,kl,dev_accuracy\n1,0.0,\n2,0.01,0.5\n3,0.02,\n4,0.02,0.55\n")
+    (curves / "rlvr_ar3po.csv").write_text("step,loss,rollout_reward_mean\n1,0.0,0.25\n2,,0.5\n")
+    figures = []
+    monkeypatch.setattr(report.plt, "close", figures.append)
+    drawn = report.training_curves(tmp_path / "curves.png")
+    assert drawn == ["warm-up loss", "SFT loss", "routed RLHF dev accuracy", "RLVR reward (verifier mean)"]
+    warmup, sft, rm, rlhf, rlvr = figures[0].axes
+    assert warmup.lines[0].get_ydata().tolist() == [2.5, 1.25] and not rm.lines
+    assert [line.get_label() for line in sft.lines] == ["internal", "vanilla"]
+    assert rlhf.lines[0].get_ydata().tolist() == [0.5, 0.55] and rlvr.lines[0].get_ydata().tolist() == [0.25, 0.5]
+    assert (tmp_path / "curves.png").stat().st_size > 1000
