@@ -3,9 +3,9 @@
 One page that says in a minute what each method bought: test accuracy by stage and difficulty, the DOTS
 table (static trajectories vs the searched planner), reward-model calibration, the routing curve, RLVR's
 rollout cost, and the training curves (the CSVs the training stages write under reports/curves/, which DVC
-tracks: not the MLflow store, which differs between workspaces). Each table is also written as CSV under reports/report/,
-each figure is a PNG embedded in the markdown. A missing input (a stage not run yet) leaves its section out
-with a line saying so, never a crash.
+tracks: not the MLflow store, which differs between workspaces). Each table is also written as CSV under
+reports/report/, each figure is a PNG embedded in the markdown. A missing input (a stage not run yet) leaves its
+section out with a line saying so, never a crash.
 """
 from __future__ import annotations
 

@@ -173,7 +173,8 @@ def test_a_resumed_sft_counts_the_tokens_it_trained_and_keeps_its_whole_curve(tm
         whole, after_kill = read_curve(tmp_path / "full.csv"), read_curve(tmp_path / f"resumed_{killed_at}.csv")
         assert whole["step"].tolist() == after_kill["step"].tolist() == [1, 2, 3, 4, 5, 6]
         before = whole["step"] <= killed_at
-        assert after_kill["loss"][before].tolist() == whole["loss"][before].tolist() and after_kill["loss"].notna().all()
+        assert after_kill["loss"][before].tolist() == whole["loss"][before].tolist()
+        assert after_kill["loss"].notna().all()
 
 
 @pytest.mark.parametrize("stage", ["dots_search", "seppo_sample", "evaluate"])

@@ -52,7 +52,8 @@ def test_repro_writes_every_output(repro):
     assert (repo / "reports/report/accuracy_by_stage.png").stat().st_size > 1000
     # each training stage's curve: DVC plots files the report draws (it read the untracked MLflow store before)
     for curve, column in (("warmup", "loss"), ("train_rm_pm", "loss"), ("train_rm_pointwise", "loss"),
-                          ("rlhf_routed", "kl"), ("rlhf_routed", "dev_accuracy"), ("rlvr_ar3po", "rollout_reward_mean")):
+                          ("rlhf_routed", "kl"), ("rlhf_routed", "dev_accuracy"),
+                          ("rlvr_ar3po", "rollout_reward_mean")):
         assert read_curve(repo / f"reports/curves/{curve}.csv")[column].notna().sum() >= 2, curve
     assert list(read_curve(repo / "reports/curves/sft_internal.csv")) == ["step", "loss", "mean_token_accuracy",
                                                                           "learning_rate"]  # the smoke search kept none
