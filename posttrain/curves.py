@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from posttrain.atomic import atomic_write_text
 
-CURVES = Path("reports/curves")
+CURVE_DIR = Path("reports/curves")
 
 
 def column_name(key: str) -> str:

@@ -301,9 +301,9 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
         dev_cb.restore(resume)
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlhf_routed.resumed_from", resume)
+    curve_cb = [TrainingCurve(curve, RLHF_CURVE, dev_cb)] if curve is not None else []
     trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
-                          train_dataset=dataset, processing_class=tokenizer,
-                          callbacks=[dev_cb, state_cb, *([TrainingCurve(curve, RLHF_CURVE, dev_cb)] if curve else [])])
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb, state_cb, *curve_cb])
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
         save_trained(trainer, tokenizer, tmp)

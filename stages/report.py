@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from posttrain.atomic import atomic_write_text  # noqa: E402
-from posttrain.curves import CURVES as CURVE_DIR  # noqa: E402
+from posttrain.curves import CURVE_DIR  # noqa: E402
 from posttrain.curves import read_curve  # noqa: E402
 from posttrain.errors import stage_main  # noqa: E402
 from posttrain.params import load_params  # noqa: E402

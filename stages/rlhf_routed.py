@@ -20,7 +20,7 @@ import mlflow
 import torch
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.curves import CURVES
+from posttrain.curves import CURVE_DIR
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
@@ -77,7 +77,7 @@ def main() -> None:
                                           params.sandbox)
             dev_cb = train_routed_policy(POLICY, reward, train, dev, params, OUT, CHECKPOINTS,
                                          key_files=[Path(PM_DIR), DATA / "train.jsonl"],
-                                         curve=CURVES / "rlhf_routed.csv")
+                                         curve=CURVE_DIR / "rlhf_routed.csv")
 
         # 3. test accuracy before and after, and what the judge cost
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)

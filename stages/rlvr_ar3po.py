@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
-from posttrain.curves import CURVES, TrainingCurve
+from posttrain.curves import CURVE_DIR, TrainingCurve
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
@@ -54,9 +54,9 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     ckpt = claim_checkpoint_dir(checkpoint_root, {"rlvr": cfg.model_dump(), "sandbox": params.sandbox.model_dump()},
                                 seed, [Path(POLICY), DATA / "train.jsonl"])
     resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
+    curve_cb = [TrainingCurve(curve, RLVR_CURVE, dev_cb)] if curve is not None else []
     trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
-                          processing_class=tokenizer, rlvr=cfg, seed=seed,
-                          callbacks=[dev_cb, *([TrainingCurve(curve, RLVR_CURVE, dev_cb)] if curve else [])])
+                          processing_class=tokenizer, rlvr=cfg, seed=seed, callbacks=[dev_cb, *curve_cb])
     if resume:
         print(f"rlvr_ar3po: resuming from {resume}")
         if mlflow.active_run() is not None:
@@ -84,7 +84,7 @@ def main() -> None:
     with stage_run("rlvr_ar3po", params, sections=["seed", "sandbox", "rlvr"]):
         train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
         trainer, dev_cb = train_rlvr(params, train[:cfg.n_prompts], dev[:cfg.n_dev], OUT, CHECKPOINTS,
-                                     curve=CURVES / "rlvr_ar3po.csv")
+                                     curve=CURVE_DIR / "rlvr_ar3po.csv")
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         totals = dict(trainer.totals)

@@ -24,7 +24,7 @@ from pathlib import Path
 import mlflow
 
 from posttrain.atomic import atomic_dir, atomic_write_text
-from posttrain.curves import CURVES, curve_csv
+from posttrain.curves import CURVE_DIR, curve_csv
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
@@ -79,7 +79,7 @@ def main() -> None:
                 with atomic_dir(out) as tmp:
                     shutil.copytree(SOLVER, tmp, dirs_exist_ok=True)
             for planner in OUT:  # declared outputs: no step was trained, so a header only
-                atomic_write_text(CURVES / f"sft_{planner}.csv", curve_csv([], SFT_CURVE))
+                atomic_write_text(CURVE_DIR / f"sft_{planner}.csv", curve_csv([], SFT_CURVE))
             with atomic_dir(SNAPSHOTS):
                 pass
             return
@@ -88,7 +88,7 @@ def main() -> None:
             train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
                       CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed, name=f"sft {planner}",
                       metric_prefix=f"{planner}.", snapshots=SNAPSHOTS if planner == "internal" else None,
-                      curve=CURVES / f"sft_{planner}.csv")
+                      curve=CURVE_DIR / f"sft_{planner}.csv")
 
 
 if __name__ == "__main__":

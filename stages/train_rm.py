@@ -24,7 +24,7 @@ import torch
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.calibration import (accuracy_by_decile, expected_calibration_error, plot_decile_accuracy,
                                    plot_reliability, reliability_bins, spearman)
-from posttrain.curves import CURVES
+from posttrain.curves import CURVE_DIR
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
@@ -114,13 +114,13 @@ def main() -> None:
 
         # 1. the pairwise PM (+ its uncertainty posterior)
         pm = train_preference_model(SFT, pairs, cfg, CHECKPOINTS / "pm", key_files=[PAIRS, TIES], seed=params.seed,
-                                    ties=ties, curve=CURVES / "train_rm_pm.csv")
+                                    ties=ties, curve=CURVE_DIR / "train_rm_pm.csv")
         with atomic_dir(PM_OUT) as tmp:
             pm.save_pretrained(tmp)
         # 2. the pointwise baseline
         with atomic_dir(POINTWISE_OUT) as tmp:
             rm, rm_tok = train_pointwise_rm(SFT, pairs, cfg, tmp, CHECKPOINTS / "pointwise", key_files=[PAIRS],
-                                            seed=params.seed, curve=CURVES / "train_rm_pointwise.csv")
+                                            seed=params.seed, curve=CURVE_DIR / "train_rm_pointwise.csv")
 
         # 3. the benchmark
         triples = [(p["question"], p["a"], p["b"]) for p in bench]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from posttrain.curves import CURVES
+from posttrain.curves import CURVE_DIR
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
@@ -54,7 +54,7 @@ def main() -> None:
         records = read_jsonl(TRAIN)
         examples = warmup_examples(records, params.warmup.open_choice_fraction, params.seed)
         train_sft(BASE, examples, params.warmup, OUT, CHECKPOINTS, key_files=[Path(TRAIN)], seed=params.seed,
-                  name="warmup", curve=CURVES / "warmup.csv")
+                  name="warmup", curve=CURVE_DIR / "warmup.csv")
 
 
 if __name__ == "__main__":
