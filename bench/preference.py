@@ -133,6 +133,10 @@ def run() -> None:
                     help="draws kept by bench/routing_online.py --samples: compare the two u_ij there too")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    for path in args.samples:
+        if not path.exists():
+            raise SystemExit(f"{path}: no kept draw there; keep one first with `python3 bench/routing_online.py "
+                             f"--sample-seed S --samples {path}`")
     params = load_params()
     stage = json.loads(Path("reports/metrics/train_rm.json").read_text())
     bench = read_jsonl(BENCHMARK)
