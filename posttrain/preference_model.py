@@ -1,5 +1,6 @@
 """The pairwise preference model (PM): one sequence holds the prompt and two responses; a head on the
-states at the ends of A and B gives s(x, A, B), the logit of "A is better", with an uncertainty (sngp by default).
+states at the ends of A and B gives s(x, A, B), the logit of "A is better", with an uncertainty
+(``train_rm.estimator``: ensemble by default).
 
 Trained with the Bradley-Terry cross-entropy on every pair in both orders (label flipped), through
 transformers' Trainer (checkpoints, resume, MLflow logging). Saved as a Hugging Face backbone directory

@@ -1,7 +1,7 @@
 """Stage `train_rm`: the pairwise preference model with uncertainty, the pointwise RM baseline, and both
 measured on the held-out preference benchmark.
 
-1. PM (models/rm): the SFT model's transformer + the ``train_rm.estimator`` head (sngp by default), trained
+1. PM (models/rm): the SFT model's transformer + the ``train_rm.estimator`` head (ensemble by default), trained
    with the Bradley-Terry loss on data/seppo/pairs.jsonl in both orders, and on ``train_rm.tie_share`` of its rows
    from data/seppo/tie_pairs.jsonl with target 1/2; for sngp one more pass accumulates the Laplace precision.
    Loads with ``PreferenceModel.from_pretrained("models/rm")``.
