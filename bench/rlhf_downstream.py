@@ -53,11 +53,11 @@ def variant(run: dict) -> str:
     before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
     of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``, before
     ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads); before ``route_unit`` was,
-    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it. Runs that do not record their PM
+    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it, unless it never read it. Runs that do not record their PM
     predate ``routing.right_side`` (both came in one commit): their expected_gain took the side from the PM's p
     alone."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
-    if Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
+    if reads_pm(run) and Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
         suffix += f", PM {Path(run['pm']).name}"
     if run["routing"] in BUDGETED and run.get("route_unit", "pair") == "comparison":
         suffix = f", per call{suffix}"
@@ -68,6 +68,12 @@ def variant(run: dict) -> str:
         return run["routing"] + suffix
     of_all = "" if run.get("budget_of") == "eligible" else " (all pairs)"
     return f"{run['routing']} {run.get('budget', 0.1):g}{of_all}{suffix}"
+
+
+def reads_pm(run: dict) -> bool:
+    """Whether the PM could have shaped a run's rewards: judge_only judges every pair of distinct responses and
+    scores identical ones 0, so its PM only decides the pairs whose judge call failed."""
+    return run["routing"] != "judge_only" or run.get("judge_failures", 0) > 0
 
 
 def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
