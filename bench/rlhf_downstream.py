@@ -53,9 +53,9 @@ def variant(run: dict) -> str:
     before ``budget_of`` was recorded a budget was a share of all the step's pairs, identical ones included (now
     of the others: a share of judge_only's cost); before ``same_answer`` was recorded it was ``judge``, before
     ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads); before ``route_unit`` was,
-    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it, unless it never read it. Runs that do not record their PM
-    predate ``routing.right_side`` (both came in one commit): their expected_gain took the side from the PM's p
-    alone."""
+    ``pair``; a run routed with a PM other than the stage's (``--pm``) names it, unless it never read it
+    (``reads_pm``). Runs that do not record their PM predate ``routing.right_side`` (both came in one commit):
+    their expected_gain took the side from the PM's p alone."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
     if reads_pm(run) and Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
         suffix += f", PM {Path(run['pm']).name}"
