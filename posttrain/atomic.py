@@ -5,6 +5,8 @@ temporary sibling and swapped in by two renames (the old one aside, the new one 
 exchange of two directories), and a kill between them is undone on the next write of that directory. The
 siblings are made by plain ``open``/``mkdir``, so outputs get the user's umask like any other file (``tempfile``'s private 0600 / 0700 modes would leave every model and
 report unreadable to the rest of a team, or to an MLflow or Prefect server running as another user).
+
+In a multi-process launch only rank 0 writes (see ``posttrain.process_group``).
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import math
 import os
 import secrets
 import shutil
+import tempfile
 from pathlib import Path
+
+from posttrain.process_group import is_main_process, wait_for_everyone
 
 
 def temporary_sibling(path: Path) -> Path:
@@ -23,7 +28,9 @@ def temporary_sibling(path: Path) -> Path:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
+    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace`` (on rank 0 only)."""
+    if not is_main_process():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
@@ -63,7 +70,14 @@ def atomic_write_json(path: str | Path, obj) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
-    """Yield a temporary directory; on success it replaces ``path`` whole, on error it is removed."""
+    """Yield a temporary directory; on success it replaces ``path`` whole, on error it is removed.
+
+    On ranks other than 0 the directory is thrown away; every rank leaves once rank 0 has swapped it in."""
+    if not is_main_process():
+        with tempfile.TemporaryDirectory(prefix=f"{Path(path).name}.rank") as tmp:
+            yield Path(tmp)
+        wait_for_everyone()
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     old = path.with_name(f".{path.name}.old")
@@ -83,3 +97,4 @@ def atomic_dir(path: str | Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    wait_for_everyone()

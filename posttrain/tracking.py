@@ -11,17 +11,24 @@ A SIGKILLed stage cannot end its run, which MLflow then shows as RUNNING for eve
 process (``posttrain.pid``, ``posttrain.host``); the next run of the same stage marks runs whose process is
 gone as FAILED (tag ``posttrain.interrupted``) and links itself to them (``posttrain.resumed_from_run``).
 
+In a multi-process launch only rank 0 logs to the configured store; the other ranks' runs go to a throwaway one
+(see ``posttrain.process_group``), with the same tags, so their checkpoint keys match rank 0's.
+
 Example:
     >>> with stage_run("prepare", params, sections=["seed", "task", "prepare"]) as run:   # doctest: +SKIP
     ...     mlflow.log_metric("n_train", 3000)
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -30,6 +37,7 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, 
 import mlflow
 from posttrain.params import flatten
 from posttrain.params_schema import Params
+from posttrain.process_group import is_main_process, require_one_process
 
 PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
 HASHES_MISSING_TAG = "posttrain.dvc_hashes_missing"  # DVC could not hash the deps: checkpoint keys fall back
@@ -37,9 +45,19 @@ SWEEP_ENV, VARIANT_ENV = "POSTTRAIN_SWEEP", "POSTTRAIN_VARIANT"  # set by flows/
 log = logging.getLogger(__name__)
 
 
+@functools.cache
+def throwaway_store() -> Path:
+    """A private directory for an MLflow store and its artifacts, removed at exit: where a rank other than 0 logs."""
+    root = Path(tempfile.mkdtemp(prefix="posttrain-mlflow-rank"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
 def configure(params: Params) -> str:
-    """Point MLflow at the configured store and experiment; return the experiment id."""
-    uri = params.tracking.uri
+    """Point MLflow at the configured store and experiment (a throwaway one on ranks other than 0); return the
+    experiment id."""
+    main = is_main_process()
+    uri = params.tracking.uri if main else f"sqlite:///{throwaway_store() / 'mlflow.db'}"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
@@ -47,7 +65,7 @@ def configure(params: Params) -> str:
     exp = client.get_experiment_by_name(params.tracking.experiment)
     if exp is not None:
         return exp.experiment_id
-    root = params.tracking.artifact_root
+    root = params.tracking.artifact_root if main else str(throwaway_store() / "artifacts")
     location = root if "://" in root else Path(root).resolve().as_uri()
     try:
         return client.create_experiment(params.tracking.experiment, artifact_location=location)
@@ -125,7 +143,9 @@ def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
 @contextlib.contextmanager
 def stage_run(stage: str, params: Params, sections: list[str]):
     """One MLflow run for this stage execution; failed runs are marked FAILED, outs hashed on success, and
-    runs of this stage left RUNNING by a killed process are closed as FAILED and linked to this one."""
+    runs of this stage left RUNNING by a killed process are closed as FAILED and linked to this one. A stage that
+    must run in one process stops here when a launcher started several (``require_one_process``)."""
+    require_one_process(stage)
     experiment_id = configure(params)
     parent = os.environ.get(PARENT_ENV)
     deps = dvc_hashes(stage, "dep")

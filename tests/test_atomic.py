@@ -77,3 +77,20 @@ def test_json_is_strict_an_undefined_figure_is_null(tmp_path):
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {
         "spearman": None, "curve": [0.5, None], "by": {"d1": None}, "accuracy": 0.75}
+
+
+def test_only_rank_0_of_a_multi_process_launch_writes(tmp_path, monkeypatch):
+    """Every rank runs the stage's writes; a rank other than 0 builds in a throwaway directory and keeps nothing."""
+    with atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("rank 0's")
+    monkeypatch.setenv("RANK", "1")
+    atomic_write_json(tmp_path / "metrics.json", {"accuracy": 0.5})
+    with atomic_dir(tmp_path / "model") as d:
+        assert d.parent != tmp_path
+        (d / "weights").write_text("rank 1's")
+    thrown_away = d
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert (tmp_path / "model" / "weights").read_text() == "rank 0's" and not thrown_away.exists()
+    monkeypatch.setenv("RANK", "0")
+    atomic_write_json(tmp_path / "metrics.json", {"accuracy": 0.5})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "model"]

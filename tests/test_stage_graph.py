@@ -9,11 +9,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # Plumbing that cannot change a stage's numbers: params loading and validation, MLflow tracking, atomic writes,
-# error types, JSONL reading, checkpoint bookkeeping and RNG snapshots for resuming, the Prefect/Ray runner.
+# error types, JSONL reading, checkpoint bookkeeping and RNG snapshots for resuming, the Prefect/Ray runner, which
+# rank of a multi-process launch writes.
 # Declaring them would re-run the whole pipeline for a log-line change.
 PLUMBING = {"posttrain/atomic.py", "posttrain/errors.py", "posttrain/params.py", "posttrain/params_schema.py",
             "posttrain/tracking.py", "posttrain/jsonl.py", "posttrain/checkpoints.py", "posttrain/rng_state.py",
-            "posttrain/orchestration.py"}
+            "posttrain/orchestration.py", "posttrain/process_group.py"}
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 

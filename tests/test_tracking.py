@@ -7,6 +7,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+import mlflow
+
 from posttrain.params import load_params
 from posttrain.tracking import stage_run
 
@@ -48,3 +50,28 @@ def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path,
     # tmp_path is no DVC repo: the run says its deps went unhashed, so checkpoint keys keep other keys' dirs
     assert client.get_run(resumed_id).data.tags["posttrain.dvc_hashes_missing"] == "true"
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"
+
+
+def test_a_rank_other_than_0_logs_to_a_throwaway_store_with_rank_0s_tags(tmp_path, monkeypatch,
+                                                                          restore_tracking_uri):
+    """Under torchrun / accelerate launch each rank runs the stage: one run in the real store, and the other ranks'
+    tags (which key their checkpoint directories) the same as rank 0's."""
+    import posttrain.tracking
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    base = load_params(SMOKE)
+    params = base.model_copy(update={"tracking": base.tracking.model_copy(
+        update={"uri": uri, "artifact_root": str(tmp_path / "artifacts")})})
+    monkeypatch.setattr(posttrain.tracking, "process_tags", lambda: {"posttrain.pid": "1", "posttrain.host": "h"})
+    tags = {}
+    for rank in ["1", "0"]:
+        monkeypatch.setenv("RANK", rank)
+        with stage_run("warmup", params, sections=["seed"]) as run:
+            tags[rank] = run.data.tags
+            mlflow.log_metric("loss", 1.0)  # as the stages log, with no run handle
+    runs = MlflowClient(tracking_uri=uri).search_runs(
+        [MlflowClient(tracking_uri=uri).get_experiment_by_name(params.tracking.experiment).experiment_id])
+    assert [r.info.run_id for r in runs] == [run.info.run_id]  # rank 0's alone
+    ours = {rank: {k: v for k, v in t.items() if not k.startswith("mlflow.")} for rank, t in tags.items()}
+    assert ours["1"] == ours["0"] and ours["0"]["posttrain.stage"] == "warmup"
