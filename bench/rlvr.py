@@ -4,6 +4,7 @@ and the RLVR policy vs the SFT policy per difficulty over seeds.
 
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
                           [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S] [--extra-test N]
+                          [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
     python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
 
 Run after `dvc repro` (needs models/sft). Test accuracy is measured every --eval-every steps on the test split
@@ -44,7 +45,8 @@ def variant(run: dict) -> str:
     seeded = run["algo"] == "ar3po" and run.get("buffer_seed", "none") != "none"  # only ar3po has a buffer
     name = run["algo"] + (" + seeded buffer" if seeded else "")
     schedule = f", k {run['k']} x {run['stages']} stages" if run["algo"] == "ar3po" else ""
-    return f"{name}, lr {run['learning_rate']:g}{schedule}, {len(run['steps'])} steps"
+    engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
+    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}, {len(run['steps'])} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
@@ -123,7 +125,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed,
-            "k": cfg.k, "stages": cfg.stages,
+            "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
@@ -192,6 +194,8 @@ def run() -> None:
     ap.add_argument("--k", type=int, default=None,
                     help="ar3po: responses per active prompt per stage (default: rlvr.k)")
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
+    ap.add_argument("--vllm", choices=["colocate", "server"], default=None,
+                    help="rollouts through TRL's vLLM engine (rlvr.vllm); on a CPU, run with bench/vllm_cpu.sh's venv")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions to the test split (less noise per evaluation)")
@@ -210,7 +214,8 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
-                                             ("k", args.k), ("stages", args.stages)) if v is not None}
+                                             ("k", args.k), ("stages", args.stages), ("vllm", args.vllm))
+                 if v is not None}
     try:  # validated as params.yaml is (--k 0 stops here, naming rlvr.k)
         params = with_overrides("params.yaml", overrides, out=None)
     except ParamsError as e:
