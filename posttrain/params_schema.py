@@ -244,7 +244,7 @@ class JudgeParams(_Section):
 class OnlinePolicyParams(_Section):
     """What every online policy-gradient stage (TRL GRPOTrainer) shares."""
 
-    prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step")
+    prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step and per process")
     max_steps: int = Field(ge=1, description="optimizer steps")
     learning_rate: float = Field(gt=0, description="policy learning rate")
     kl_beta: float = Field(ge=0, description="KL penalty to the reference (SFT) policy")

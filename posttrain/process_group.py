@@ -14,21 +14,16 @@ output directories in at once. So the two places every stage writes through are 
 The rank is read from the launcher's environment, as Accelerate reads it, before any process group exists: a stage
 opens its MLflow run before the Trainer initialises torch.distributed.
 
-The RL stages refuse a multi-process launch (``ONE_PROCESS_STAGES``, checked as their MLflow run opens).
+The RL stages' rollouts span the processes (``posttrain.rlvr``, ``posttrain.rlhf``): one rollout, one replay
+buffer and one routing budget per step, whatever the number of processes.
 """
 from __future__ import annotations
 
 from accelerate.utils import get_int_from_env
 
-from posttrain.errors import UserError
-
 # the launchers' rank variables, in Accelerate's order (torchrun / accelerate / deepspeed, then MPI's)
 RANK_ENV = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"]
 WORLD_SIZE_ENV = ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"]
-# Each rank would roll out its own prompts, so the rollout and judge accounting, AR3PO's replay buffer and the
-# routing budget would hold one rank's share; and AR3PO's adaptive stages call generation a different number of
-# times on each rank, which ZeRO-3 (every rank gathers the weights for every forward) cannot serve.
-ONE_PROCESS_STAGES = {"rlhf_routed", "rlvr_ar3po"}
 
 
 def process_rank() -> int:
@@ -43,15 +38,6 @@ def is_main_process() -> bool:
 def world_size() -> int:
     """How many processes the launch started; 1 when launched alone."""
     return get_int_from_env(WORLD_SIZE_ENV, 1)
-
-
-def require_one_process(stage: str) -> None:
-    """Stop one of ``ONE_PROCESS_STAGES`` that a launcher started on several processes."""
-    if stage in ONE_PROCESS_STAGES and world_size() > 1:
-        raise UserError(f"{stage} runs in one process, but this launch started {world_size()}: launch it with "
-                        f"`python3 -m stages.{stage}` (or `dvc repro {stage}`), not accelerate launch / torchrun / "
-                        "deepspeed; on GPUs, rollouts can go to a vLLM server on other GPUs "
-                        "(`vllm: server`, see README)")
 
 
 def wait_for_everyone() -> None:

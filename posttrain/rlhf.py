@@ -16,6 +16,10 @@ function. For a step's batch of prompt groups it:
    overruled the PM (chose the response it scored lower): what the judge's calls changed;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
 
+Under a multi-process launch TRL calls the reward on each process with its own share of the step; the reward
+gathers every share to rank 0, which scores, routes and asks the judge for the whole step (one budget over all the
+step's pairs, one judge client, one ledger, one set of totals) and sends each process its rewards back.
+
 Because sum_i A_i = 0 within a group, GRPO's group-mean baseline leaves A_i unchanged; with
 ``scale_rewards="none"`` the advantage GRPO trains on is exactly A_i.
 
@@ -32,6 +36,8 @@ from pathlib import Path
 
 import mlflow
 import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list, gather_object
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -115,6 +121,19 @@ class RoutedPairwiseReward:
         return *antisymmetrize(r, u, self.cfg.uncertainty_reduce), p
 
     def __call__(self, prompts, completions, question, log_metric=None, **_) -> list[float]:
+        state = PartialState()
+        if state.num_processes == 1:
+            return self.step_rewards(prompts, completions, question, log_metric)
+        # a multi-process launch: rank 0 routes the whole step (module docstring), each process takes its slice
+        shares = gather_object([(list(prompts), list(completions), list(question))])
+        rewards = [self.step_rewards(*(sum((list(s[f]) for s in shares), []) for f in range(3)), log_metric)
+                   if state.is_main_process else None]
+        broadcast_object_list(rewards)
+        start = sum(len(s[0]) for s in shares[:state.process_index])
+        return rewards[0][start:start + len(prompts)]
+
+    def step_rewards(self, prompts, completions, question, log_metric=None) -> list[float]:
+        """Each response's A_i for one step's responses (``prompts`` repeats each group's prompt)."""
         groups: dict[str, list[int]] = defaultdict(list)
         for k, p in enumerate(prompts):
             groups[p].append(k)
@@ -182,6 +201,7 @@ class RoutedPairwiseReward:
             self.totals[key] += v
         if log_metric is not None:
             ledger = self.judge.ledger.as_metrics("judge/")
+            log_metric("routing/pairs", step["pairs"])
             log_metric("routing/routed_fraction", step["routed"] / max(step["pairs"], 1))
             log_metric("routing/judged_comparison_share", step["judged_comparisons"] / max(step["comparisons"], 1))
             log_metric("routing/judge_failures", step["judge_failures"])

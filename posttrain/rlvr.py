@@ -15,6 +15,13 @@ With ``rlvr.vllm`` the rollouts come from TRL's vLLM engine, whose kernels sampl
 distribution than the trainer's: the override returns what TRL's own method would for its truncated importance
 sampling correction (``vllm_importance_ratio``, the trainer's probability of each sampled token over vLLM's).
 
+Under a multi-process launch (``accelerate launch``, ``torchrun``, ``deepspeed``) the step's rollout is one
+rollout over every process's prompts: each generation round splits the prompts still in play evenly over the
+processes and gathers the scored responses back to all of them (``_sample_across_processes``), so every process
+runs the same schedule on the same responses: one replay buffer, one DAPO prompt stream, global accounting, the
+same number of generation calls of the same size on every rank (which TRL's gathers and ZeRO-3 require). Each
+process then trains on its share of the groups, with the loss normalised by the whole step's token count.
+
 Rollout cost per step and cumulative (responses, tokens, generation vs training seconds, zero-advantage
 share, responses per prompt by difficulty, buffer hits) goes to TRL's logs, hence MLflow. The replay buffer,
 the prompt sampler's state and the running totals are saved in every checkpoint (``rollout_state.json``).
@@ -35,6 +42,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
@@ -143,6 +151,16 @@ class RLVRTrainer(GRPOTrainer):
         self._generation_seconds = 0.0
 
     # --- rollout -------------------------------------------------------------------------------------------
+    def _sample_across_processes(self, prompts: list[str], k: int) -> list[list[Response]]:
+        """``_sample`` over all processes: each generates for its even share of ``prompts`` (the last share
+        padded with copies of the first prompt, whose responses are dropped), and every process gets all groups."""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        if world == 1:
+            return self._sample(prompts, k)
+        share = -(-len(prompts) // world)
+        padded = prompts + prompts[:1] * (share * world - len(prompts))
+        return gather_object(self._sample(padded[rank * share:(rank + 1) * share], k))[:len(prompts)]
+
     def _sample(self, prompts: list[str], k: int) -> list[list[Response]]:
         """k responses per prompt from the current policy (through TRL's generation), scored by the verifier."""
         repeated = [p for p in prompts for _ in range(k)]  # TRL (and its vLLM path) expects k consecutive copies
@@ -160,24 +178,31 @@ class RLVRTrainer(GRPOTrainer):
     def rollout(self, prompts: list[str]) -> tuple[dict[str, list[Response]], object]:
         cfg = self.rlvr
         if cfg.algo == "grpo":
-            return fixed_rollout(prompts, cfg.n_responses, self._sample)
+            return fixed_rollout(prompts, cfg.n_responses, self._sample_across_processes)
         if cfg.algo == "dapo":
-            return dynamic_sampling(prompts, cfg.n_responses, self._sample, self._more_prompts(), cfg.max_rounds)
-        return adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample, self.buffer)
+            return dynamic_sampling(prompts, cfg.n_responses, self._sample_across_processes, self._more_prompts(),
+                                    cfg.max_rounds, min_groups=self.accelerator.num_processes)
+        return adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample_across_processes, self.buffer)
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
         device = self.accelerator.device
         prompts = list(dict.fromkeys(x["prompt"] for x in inputs))  # the sampler repeats each prompt
+        if self.accelerator.num_processes > 1:  # one rollout over every process's prompts (module docstring)
+            prompts = list(dict.fromkeys(gather_object(prompts)))
         start = time.perf_counter()
         groups, stats = self.rollout(prompts)
         self._generation_seconds = time.perf_counter() - start
 
         # advantages over each whole group; only generated responses go into the batch (reused: baseline only)
-        rows, zero_adv = [], 0
+        rows_by_group, zero_adv = [], 0
         for rs in groups.values():
             adv = group_advantages([r.reward for r in rs])
             zero_adv += all(a == 0 for a in adv)
-            rows += [(r, a) for r, a in zip(rs, adv) if not r.reused]
+            rows_by_group.append([(r, a) for r, a in zip(rs, adv) if not r.reused])
+        # this process trains on its share of the groups; TRL's loss divides by the whole step's completion tokens
+        world, rank, n = self.accelerator.num_processes, self.accelerator.process_index, len(rows_by_group)
+        rows = [row for group in rows_by_group[rank * n // world:(rank + 1) * n // world] for row in group]
+        step_tokens = sum(max(len(r.payload[1]), 1) for group in rows_by_group for r, _ in group)
         prompt_ids = pad([torch.tensor(r.payload[0]) for r, _ in rows], padding_value=self._tokenizer.pad_token_id,
                          padding_side="left").to(device)
         prompt_mask = pad([torch.ones(len(r.payload[0]), dtype=torch.long) for r, _ in rows], padding_value=0,
@@ -187,7 +212,7 @@ class RLVRTrainer(GRPOTrainer):
         completion_mask = pad([torch.ones(max(len(r.payload[1]), 1), dtype=torch.long) for r, _ in rows],
                               padding_value=0, padding_side="right").to(device)
         output = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-                  "completion_mask": completion_mask, "num_items_in_batch": completion_mask.sum(),
+                  "completion_mask": completion_mask, "num_items_in_batch": torch.tensor(step_tokens, device=device),
                   "advantages": torch.tensor([a for _, a in rows], dtype=torch.float32, device=device)}
         ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
         if self.beta != 0.0:  # KL to the reference policy (the starting model)

@@ -120,23 +120,30 @@ def fixed_rollout(prompts: list[str], n: int, sample: SampleFn) -> tuple[dict[st
     return dict(zip(prompts, out)), stats
 
 
-def dynamic_sampling(prompts: list[str], n: int, sample: SampleFn, more_prompts: Iterator[str],
-                     max_rounds: int) -> tuple[dict[str, list[Response]], RolloutStats]:
+def dynamic_sampling(prompts: list[str], n: int, sample: SampleFn, more_prompts: Iterator[str], max_rounds: int,
+                     min_groups: int = 1) -> tuple[dict[str, list[Response]], RolloutStats]:
     """DAPO: keep only groups with differing rewards; draw more prompts until ``len(prompts)`` groups are kept.
 
     When no round kept a single group, the last round's groups are returned (all advantages 0: a step that
-    only pays the KL term) rather than an empty batch.
+    only pays the KL term) rather than an empty batch. With fewer than ``min_groups`` groups to return (the
+    processes of a multi-process launch each need one), discarded groups, the latest first, make up the count.
     """
     stats, kept, wanted = RolloutStats(), {}, len(prompts)
-    candidates, last = list(prompts), {}
+    candidates, last, discarded = list(prompts), {}, {}
     while candidates and stats.rounds < max_rounds:
         out = sample(candidates, n)
         stats.add_round(out)
         last = dict(zip(candidates, out))
         kept.update({p: rs for p, rs in last.items() if len({r.reward for r in rs}) > 1})
+        discarded = {**{p: rs for p, rs in last.items() if p not in kept}, **discarded}  # the latest round first
         need = wanted - len(kept)
         candidates = [p for p in (next(more_prompts, None) for _ in range(need)) if p is not None] if need > 0 else []
-    return (dict(list(kept.items())[:wanted]) if kept else last), stats
+    groups = dict(list(kept.items())[:wanted]) if kept else last
+    for p, rs in discarded.items():
+        if len(groups) >= min_groups:
+            break
+        groups.setdefault(p, rs)
+    return groups, stats
 
 
 def adaptive_rollout(prompts: list[str], stages: int, k: int, sample: SampleFn,

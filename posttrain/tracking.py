@@ -37,7 +37,7 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, 
 import mlflow
 from posttrain.params import flatten
 from posttrain.params_schema import Params
-from posttrain.process_group import is_main_process, require_one_process
+from posttrain.process_group import is_main_process
 
 PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
 HASHES_MISSING_TAG = "posttrain.dvc_hashes_missing"  # DVC could not hash the deps: checkpoint keys fall back
@@ -143,9 +143,7 @@ def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
 @contextlib.contextmanager
 def stage_run(stage: str, params: Params, sections: list[str]):
     """One MLflow run for this stage execution; failed runs are marked FAILED, outs hashed on success, and
-    runs of this stage left RUNNING by a killed process are closed as FAILED and linked to this one. A stage that
-    must run in one process stops here when a launcher started several (``require_one_process``)."""
-    require_one_process(stage)
+    runs of this stage left RUNNING by a killed process are closed as FAILED and linked to this one."""
     experiment_id = configure(params)
     parent = os.environ.get(PARENT_ENV)
     deps = dvc_hashes(stage, "dep")

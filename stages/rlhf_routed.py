@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlflow
@@ -28,6 +29,7 @@ from posttrain.judge_server import judge_endpoint
 from posttrain.params import load_params
 from posttrain.preference_model import PreferenceModel
 from posttrain.policy_accuracy import own_choice_accuracy
+from posttrain.process_group import is_main_process
 from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy
 from posttrain.routing_eval import plot_curve, routing_curve, summarize_curve
 from posttrain.tracking import stage_run
@@ -49,27 +51,35 @@ def evaluate_routing(client: JudgeClient, pm: PreferenceModel, budgets: list[flo
     return rows, {"n_pairs": len(decisive), **summarize_curve(rows)}
 
 
+def routing_report(client: JudgeClient, pm: PreferenceModel, cfg) -> dict:
+    """The routing curve on the benchmark into ``REPORTS`` (plot and table) and MLflow; returns its summary."""
+    rows, summary = evaluate_routing(client, pm, cfg.eval_budgets, cfg.eval_seeds)
+    with atomic_dir(REPORTS) as tmp:
+        plot_curve(rows, tmp / "routing_curve.png",
+                   f"Routing on the preference benchmark ({summary['n_pairs']} decisive pairs)")
+        (tmp / "routing.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    mlflow.log_artifacts(str(REPORTS), "routing")
+    ten = summary["budgets"].get("0.1", {})
+    print(f"rlhf_routed: routing PM only {summary['rm_only']:.3f}, judge on all {summary['judge_only']:.3f}, "
+          f"at 10%: uncertainty {ten.get('uncertainty', float('nan')):.3f} vs random "
+          f"{ten.get('random_mean', float('nan')):.3f}")
+    return summary
+
+
 @stage_main
 def main() -> None:
     params = load_params()
     cfg = params.rlhf
     with stage_run("rlhf_routed", params, sections=["seed", "judge", "rlhf"]):
         train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
-        with judge_endpoint(params.judge, train + dev + test, params.seed) as base_url:
-            cache = JudgeCache(params.judge.cache)
-            # 1. routing evaluation on the benchmark
+        # under a multi-process launch rank 0 alone asks the judge (RoutedPairwiseReward routes the whole step there)
+        main_process = is_main_process()
+        with judge_endpoint(params.judge, train + dev + test, params.seed) if main_process else nullcontext("") \
+                as base_url:
+            cache = JudgeCache(params.judge.cache) if main_process else None
             pm = PreferenceModel.from_pretrained(PM_DIR)
-            eval_client = JudgeClient(params.judge, base_url, cache)
-            rows, summary = evaluate_routing(eval_client, pm, cfg.eval_budgets, cfg.eval_seeds)
-            with atomic_dir(REPORTS) as tmp:
-                plot_curve(rows, tmp / "routing_curve.png",
-                           f"Routing on the preference benchmark ({summary['n_pairs']} decisive pairs)")
-                (tmp / "routing.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-            mlflow.log_artifacts(str(REPORTS), "routing")
-            ten = summary["budgets"].get("0.1", {})
-            print(f"rlhf_routed: routing PM only {summary['rm_only']:.3f}, judge on all {summary['judge_only']:.3f}, "
-                  f"at 10%: uncertainty {ten.get('uncertainty', float('nan')):.3f} vs random "
-                  f"{ten.get('random_mean', float('nan')):.3f}")
+            # 1. routing evaluation on the benchmark (rank 0's alone, before the Trainer brings up the process group)
+            summary = routing_report(JudgeClient(params.judge, base_url, cache), pm, cfg) if main_process else {}
 
             # 2. GRPO with the routed pairwise reward
             ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
@@ -79,6 +89,8 @@ def main() -> None:
                                          key_files=[Path(PM_DIR), DATA / "train.jsonl"],
                                          curve=CURVE_DIR / "rlhf_routed.csv")
 
+        if not main_process:
+            return  # the test evaluation and the run's figures are rank 0's
         # 3. test accuracy before and after, and what the judge cost
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)

@@ -27,6 +27,7 @@ from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.params_schema import Params
 from posttrain.policy_accuracy import DevAccuracyCallback, own_choice_accuracy
+from posttrain.process_group import is_main_process
 from posttrain.rlvr import RLVR_CURVE, ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config
 from posttrain.sandbox import sandbox_limits
 from posttrain.tracking import stage_run
@@ -85,6 +86,8 @@ def main() -> None:
         train, dev, test = (read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test"))
         trainer, dev_cb = train_rlvr(params, train[:cfg.n_prompts], dev[:cfg.n_dev], OUT, CHECKPOINTS,
                                      curve=CURVE_DIR / "rlvr_ar3po.csv")
+        if not is_main_process():
+            return  # the test evaluation and the run's figures are rank 0's (every rank holds the same totals)
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         totals = dict(trainer.totals)

@@ -1,6 +1,6 @@
-"""A training stage under a multi-process launch (torchrun, as `accelerate launch` and `deepspeed` start it): two
-ranks train one model with DDP on the CPU (gloo), and only rank 0 writes the model, the curve and the MLflow run.
-The RL stages refuse such a launch with one line (see posttrain.process_group)."""
+"""Stages under a multi-process launch (torchrun, as `accelerate launch` and `deepspeed` start them): two ranks train
+one model with DDP on the CPU (gloo), and only rank 0 writes the model, the curve and the MLflow run. The RL stages
+roll out once per step over both ranks' prompts (one replay buffer, one routing budget, one judge ledger)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from smoke_workspace import mlflow_runs, run, smoke_env, smoke_repo
 
@@ -43,9 +44,55 @@ def test_warmup_on_two_ranks_writes_once_and_trains_on_both(tmp_path):
     assert metrics["epoch"] * metrics["n_examples"] / examples_per_step == pytest.approx(2)
 
 
-def test_an_rl_stage_refuses_a_multi_process_launch(tmp_path):
-    repo = smoke_repo(tmp_path)
-    done = torchrun("rlvr_ar3po", repo, tmp_path)
-    assert done.returncode != 0
-    assert "error: rlvr_ar3po runs in one process, but this launch started 2" in done.stderr
-    assert not (repo / "mlflow/mlflow.db").exists()  # refused before it opened a run
+@pytest.fixture(scope="module")
+def rl_inputs(tmp_path_factory) -> Path:
+    """A smoke workspace holding what the RL stages read (the SFT policy, the PM), built in one process; AR3PO's
+    buffer is seeded with the reference solutions, so the smoke policy's failures get a negative advantage (a step
+    with a gradient) although it solves nothing itself."""
+    repo = smoke_repo(tmp_path_factory.mktemp("rl"))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["rlvr"]["buffer_seed"] = "reference"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["dvc", "repro", "sft", "train_rm"], repo)
+    return repo
+
+
+def stage_metrics(repo: Path, stage: str) -> tuple[dict, dict]:
+    runs = [r for r in mlflow_runs(repo) if r.data.tags["posttrain.stage"] == stage]
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    return runs[0].data.metrics, runs[0].data.params
+
+
+def metric_history(repo: Path, stage: str, key: str) -> list[float]:
+    from mlflow.tracking import MlflowClient
+
+    run_id = next(r.info.run_id for r in mlflow_runs(repo) if r.data.tags["posttrain.stage"] == stage)
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow/mlflow.db")
+    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_rlvr_ar3po_on_two_ranks_rolls_out_once_over_both_ranks_prompts(rl_inputs, tmp_path):
+    done = torchrun("rlvr_ar3po", rl_inputs, tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    metrics, params = stage_metrics(rl_inputs, "rlvr_ar3po")
+    # each step's rollout covered both ranks' prompts, and rank 0's totals count them all (one rank's would be half)
+    steps, per_rank = int(params["rlvr.max_steps"]), int(params["rlvr.prompts_per_step"])
+    assert metrics["total_prompts"] == 2 * per_rank * steps
+    # the buffered references gave the failures a negative advantage: the ranks' shares carried a gradient
+    assert metrics["total_buffer_hits"] > 0 and max(metric_history(rl_inputs, "rlvr_ar3po", "grad_norm")) > 0
+    assert (rl_inputs / "models/rlvr/model.safetensors").is_file()
+    assert len([line for line in done.stdout.splitlines() if line.startswith("rlvr_ar3po (ar3po): test")]) == 1
+
+
+def test_rlhf_routed_on_two_ranks_routes_the_whole_step_on_one_budget(rl_inputs, tmp_path):
+    done = torchrun("rlhf_routed", rl_inputs, tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    metrics, params = stage_metrics(rl_inputs, "rlhf_routed")
+    n = int(params["rlhf.n_responses"])
+    pairs = metric_history(rl_inputs, "rlhf_routed", "routing/pairs")
+    # rank 0 scored and routed both ranks' groups together: every step's pairs are both ranks' pairs
+    assert pairs == [2 * int(params["rlhf.prompts_per_step"]) * n * (n - 1) / 2] * int(params["rlhf.max_steps"])
+    # and paid the judge for all of them: one ledger, no call from the other rank
+    routed = metric_history(rl_inputs, "rlhf_routed", "routing/routed_fraction")
+    assert sum(routed) > 0 and metrics["judge_total.calls"] > 0
+    assert done.stdout.count("rlhf_routed: test accuracy") == 1

@@ -2,10 +2,13 @@
 generated responses (a reused one shapes the advantages, never the gradient), every algo trains, and the
 replay buffer and totals survive a checkpoint."""
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from datasets import Dataset
 from transformers import TrainerCallback
 
@@ -56,6 +59,43 @@ def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_pat
     assert adv[3:] == [0.0, 0.0]  # "easy": all right, no signal
     assert "ref_per_token_logps" in batch and batch["ref_per_token_logps"].shape == batch["completion_ids"].shape
     assert trainer.totals["buffer_hits"] == 1 and trainer.totals["responses"] == 4 + 2
+
+
+def rollout_on_rank(rank: int, tiny, out: Path, port: int) -> None:
+    """One of two gloo processes: its own prompt ("easy" on rank 0, "hard" on rank 1) into one AR3PO step."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    trainer = make_trainer(tiny, out / f"rank{rank}", "ar3po", stages=2, k=2)
+    hard, easy = prompt(tiny.records[0]["question"]), prompt(tiny.records[1]["question"])
+    calls = []
+
+    def sample(prompts, k):  # "hard" is never solved, "easy" always; completions of 2 tokens
+        calls.append(prompts)
+        return [[Response(p, "x", float(p == easy), 2, (tiny.tok(p, add_special_tokens=False)["input_ids"], [8, 9]))
+                 for _ in range(k)] for p in prompts]
+    trainer._sample = sample
+    batch = trainer._generate_and_score_completions([{"prompt": easy if rank == 0 else hard, "difficulty": 1}] * 2)
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "calls": [[p == easy for p in c] for c in calls], "rows": batch["completion_ids"].shape[0],
+        "advantages": batch["advantages"].tolist(), "num_items_in_batch": int(batch["num_items_in_batch"]),
+        "totals": {k: v for k, v in trainer.totals.items() if k != "generation_seconds"}}))  # wall time is its own
+
+
+def test_two_processes_roll_out_one_schedule_and_train_on_their_share(tiny, tmp_path):
+    """Under a multi-process launch the step's rollout spans both ranks' prompts: the same generation calls, of the
+    same size, on every rank (TRL's gathers need them), the same totals, and each rank trains on its share."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rollout_on_rank, args=(tiny, tmp_path, port), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    # stage 1: one prompt each; stage 2: "hard" alone is unsolved, so rank 0 generates it and rank 1 a dropped copy
+    assert r0["calls"] == [[True], [False]] and r1["calls"] == [[False], [False]]
+    assert r0["totals"] == r1["totals"] and r0["totals"]["responses"] == 2 + 4 and r0["totals"]["prompts"] == 2
+    # each rank trains on its share: "easy" (all right, advantage 0) on rank 0, "hard"'s 4 failures on rank 1, the
+    # loss normalised by the whole step's tokens (6 responses x 2 tokens) on both
+    assert (r0["rows"], r1["rows"]) == (2, 4) and r0["advantages"] == [0.0, 0.0]
+    assert r0["num_items_in_batch"] == r1["num_items_in_batch"] == 12
 
 
 def test_vllm_importance_ratio_by_hand():

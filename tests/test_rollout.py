@@ -102,6 +102,20 @@ def test_dynamic_sampling_stops_at_the_round_cap():
     assert list(groups) == ["never"]  # nothing useful found: the last round's group (zero advantage), not an empty batch
 
 
+def test_dynamic_sampling_makes_up_a_group_per_process_from_the_discarded_ones():
+    # one useful group in two rounds, but two processes each need a group: the latest discarded one makes up the count
+    sample, _ = stub_policy({"never": 0.0, "always": 1.0, "mixed": 0.5}, seed=2)
+    more = iter(["always", "never"])
+    groups, _ = dynamic_sampling(["mixed", "never"], n=6, sample=sample, more_prompts=more, max_rounds=2, min_groups=2)
+    assert list(groups) == ["mixed", "always"]  # "always" was discarded in round 2, "never" in round 1
+    assert len({r.reward for r in groups["mixed"]}) > 1 and {r.reward for r in groups["always"]} == {1.0}
+    # one process: the useful group alone, as before
+    sample, _ = stub_policy({"never": 0.0, "always": 1.0, "mixed": 0.5}, seed=2)
+    groups, _ = dynamic_sampling(["mixed", "never"], n=6, sample=sample, more_prompts=iter(["always", "never"]),
+                                 max_rounds=2)
+    assert list(groups) == ["mixed"]
+
+
 def test_fixed_rollout_and_group_advantages():
     sample, _ = stub_policy({"a": 0.5, "b": 0.5}, seed=3)
     groups, stats = fixed_rollout(["a", "b"], 5, sample)
