@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import mlflow
+from accelerate import PartialState
+from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from posttrain.atomic import atomic_write_json
@@ -25,7 +27,8 @@ DEV_HISTORY = "dev_history.json"
 
 class DevAccuracyCallback(TrainerCallback):
     """Greedy own-choice accuracy of the policy on dev questions every ``every`` steps, into MLflow; the history
-    is saved with each checkpoint (``restore`` reads it back on a resume)."""
+    is saved with each checkpoint (``restore`` reads it back on a resume). Under a multi-process launch each
+    process answers its share of the questions and the counts are summed."""
 
     def __init__(self, records: list[dict], tokenizer, every: int, max_new_tokens: int, sandbox_limits, workers: int,
                  label: str = "rlhf_routed"):
@@ -34,12 +37,18 @@ class DevAccuracyCallback(TrainerCallback):
         self.history: list[tuple[int, float]] = []
 
     def accuracy(self, model) -> float:
+        procs = PartialState()
+        records = self.records[procs.process_index::procs.num_processes]
         was_training = model.training
         gen = HFGenerator(model, self.tokenizer, batch_size=64, max_new_tokens=self.max_new_tokens)
-        texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in self.records], progress=False)]
+        texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in records], progress=False)] \
+            if records else []  # more processes than dev questions
         model.train(was_training)
-        rows = score_responses(self.records, [OWN_CHOICE] * len(texts), texts, self.limits, self.workers)
-        return sum(r["correct"] for r in rows) / len(rows)
+        rows = score_responses(records, [OWN_CHOICE] * len(texts), texts, self.limits, self.workers)
+        counts = [(sum(r["correct"] for r in rows), len(rows))]
+        if procs.num_processes > 1:
+            counts = gather_object(counts)
+        return sum(c for c, _ in counts) / sum(n for _, n in counts)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
