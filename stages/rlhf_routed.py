@@ -77,7 +77,7 @@ def main() -> None:
         with judge_endpoint(params.judge, train + dev + test, params.seed) if main_process else nullcontext("") \
                 as base_url:
             cache = JudgeCache(params.judge.cache) if main_process else None
-            pm = PreferenceModel.from_pretrained(PM_DIR)
+            pm = PreferenceModel.from_pretrained(PM_DIR) if main_process else None  # the other ranks never score
             # 1. routing evaluation on the benchmark (rank 0's alone, before the Trainer brings up the process group)
             summary = routing_report(JudgeClient(params.judge, base_url, cache), pm, cfg) if main_process else {}
 
