@@ -2,13 +2,12 @@
 generated responses (a reused one shapes the advantages, never the gradient), every algo trains, and the
 replay buffer and totals survive a checkpoint."""
 import json
-import os
-import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from datasets import Dataset
 from transformers import TrainerCallback
 
@@ -61,33 +60,13 @@ def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_pat
     assert trainer.totals["buffer_hits"] == 1 and trainer.totals["responses"] == 4 + 2
 
 
-def rollout_on_rank(rank: int, tiny, out: Path, port: int) -> None:
-    """One of two gloo processes: its own prompt ("easy" on rank 0, "hard" on rank 1) into one AR3PO step."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    trainer = make_trainer(tiny, out / f"rank{rank}", "ar3po", stages=2, k=2)
-    hard, easy = prompt(tiny.records[0]["question"]), prompt(tiny.records[1]["question"])
-    calls = []
-
-    def sample(prompts, k):  # "hard" is never solved, "easy" always; completions of 2 tokens
-        calls.append(prompts)
-        return [[Response(p, "x", float(p == easy), 2, (tiny.tok(p, add_special_tokens=False)["input_ids"], [8, 9]))
-                 for _ in range(k)] for p in prompts]
-    trainer._sample = sample
-    batch = trainer._generate_and_score_completions([{"prompt": easy if rank == 0 else hard, "difficulty": 1}] * 2)
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "calls": [[p == easy for p in c] for c in calls], "rows": batch["completion_ids"].shape[0],
-        "advantages": batch["advantages"].tolist(), "num_items_in_batch": int(batch["num_items_in_batch"]),
-        "totals": {k: v for k, v in trainer.totals.items() if k != "generation_seconds"}}))  # wall time is its own
-
-
-def test_two_processes_roll_out_one_schedule_and_train_on_their_share(tiny, tmp_path):
+def test_two_processes_roll_out_one_schedule_and_train_on_their_share(tmp_path):
     """Under a multi-process launch the step's rollout spans both ranks' prompts: the same generation calls, of the
     same size, on every rank (TRL's gathers need them), the same totals, and each rank trains on its share."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(rollout_on_rank, args=(tiny, tmp_path, port), nprocs=2)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(Path(__file__).parent / "rlvr_two_rank_run.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # stage 1: one prompt each; stage 2: "hard" alone is unsolved, so rank 0 generates it and rank 1 a dropped copy
     assert r0["calls"] == [[True], [False]] and r1["calls"] == [[False], [False]]
