@@ -201,8 +201,14 @@ class RLVRTrainer(GRPOTrainer):
             rows_by_group.append([(r, a) for r, a in zip(rs, adv) if not r.reused])
         # this process trains on its share of the groups; TRL's loss divides by the whole step's completion tokens
         world, rank, n = self.accelerator.num_processes, self.accelerator.process_index, len(rows_by_group)
-        rows = [row for group in rows_by_group[rank * n // world:(rank + 1) * n // world] for row in group]
+        shares = [[row for group in rows_by_group[i * n // world:(i + 1) * n // world] for row in group]
+                  for i in range(world)]
+        rows = shares[rank]
         step_tokens = sum(max(len(r.payload[1]), 1) for group in rows_by_group for r, _ in group)
+        # TRL gathers per-sequence figures across ranks, which needs as many rows on every rank: a shorter share is
+        # padded with copies of its last row, fully masked (no loss, no token count) and with advantage 0
+        n_real, n_rows = len(rows), max(map(len, shares))
+        rows = rows + [(rows[-1][0], 0.0)] * (n_rows - n_real)
         prompt_ids = pad([torch.tensor(r.payload[0]) for r, _ in rows], padding_value=self._tokenizer.pad_token_id,
                          padding_side="left").to(device)
         prompt_mask = pad([torch.ones(len(r.payload[0]), dtype=torch.long) for r, _ in rows], padding_value=0,
@@ -211,6 +217,7 @@ class RLVRTrainer(GRPOTrainer):
                              padding_value=self._tokenizer.pad_token_id, padding_side="right").to(device)
         completion_mask = pad([torch.ones(max(len(r.payload[1]), 1), dtype=torch.long) for r, _ in rows],
                               padding_value=0, padding_side="right").to(device)
+        completion_mask[n_real:] = 0
         output = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                   "completion_mask": completion_mask, "num_items_in_batch": torch.tensor(step_tokens, device=device),
                   "advantages": torch.tensor([a for _, a in rows], dtype=torch.float32, device=device)}

@@ -32,5 +32,6 @@ trainer._sample = sample
 batch = trainer._generate_and_score_completions([{"prompt": easy if rank == 0 else hard, "difficulty": 1}] * 2)
 (work / f"rank{rank}.json").write_text(json.dumps({
     "calls": [[p == easy for p in c] for c in calls], "rows": batch["completion_ids"].shape[0],
+    "masked_rows": int((batch["completion_mask"].sum(1) == 0).sum()),
     "advantages": batch["advantages"].tolist(), "num_items_in_batch": int(batch["num_items_in_batch"]),
     "totals": {k: v for k, v in trainer.totals.items() if k != "generation_seconds"}}))  # wall time is each rank's

@@ -72,8 +72,10 @@ def test_two_processes_roll_out_one_schedule_and_train_on_their_share(tmp_path):
     assert r0["calls"] == [[True], [False]] and r1["calls"] == [[False], [False]]
     assert r0["totals"] == r1["totals"] and r0["totals"]["responses"] == 2 + 4 and r0["totals"]["prompts"] == 2
     # each rank trains on its share: "easy" (all right, advantage 0) on rank 0, "hard"'s 4 failures on rank 1, the
-    # loss normalised by the whole step's tokens (6 responses x 2 tokens) on both
-    assert (r0["rows"], r1["rows"]) == (2, 4) and r0["advantages"] == [0.0, 0.0]
+    # loss normalised by the whole step's tokens (6 responses x 2 tokens) on both; rank 0's 2 rows are padded to 4
+    # fully masked ones (TRL gathers per-sequence figures, which needs as many rows on every rank)
+    assert (r0["rows"], r1["rows"]) == (4, 4) and (r0["masked_rows"], r1["masked_rows"]) == (2, 0)
+    assert r0["advantages"] == [0.0] * 4
     assert r0["num_items_in_batch"] == r1["num_items_in_batch"] == 12
 
 
