@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 from transformers import AutoTokenizer
 
@@ -65,7 +66,12 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
         trainer.load_rollout_state(resume)  # the buffer, seeded or grown, comes back as it was saved
         dev_cb.restore(resume)
     elif cfg.algo == "ar3po" and cfg.buffer_seed == "reference":
-        seeds = reference_responses(train, reward, tokenizer)
+        # the ranks of a multi-process launch run one schedule, so one buffer: rank 0 verifies, the others receive
+        acc = trainer.accelerator
+        seeds = [reference_responses(train, reward, tokenizer) if acc.is_main_process else None]
+        if acc.num_processes > 1:
+            broadcast_object_list(seeds)
+        seeds = seeds[0]
         for r in seeds:
             trainer.buffer.add(r)
         print(f"rlvr_ar3po: replay buffer seeded with {len(seeds)} verified reference solutions "
