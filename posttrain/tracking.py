@@ -11,6 +11,11 @@ A SIGKILLed stage cannot end its run, which MLflow then shows as RUNNING for eve
 process (``posttrain.pid``, ``posttrain.host``); the next run of the same stage marks runs whose process is
 gone as FAILED (tag ``posttrain.interrupted``) and links itself to them (``posttrain.resumed_from_run``).
 
+Float results are bit-for-bit repeatable on one machine but not across CPUs (each picks its own SIMD kernels), so
+each run also records what decides them: ``numerics.cpu``, ``numerics.torch_cpu_capability``,
+``numerics.torch_threads``, ``numerics.device`` and the versions of torch, transformers and trl. Two runs whose
+weights differ with the same ``dvc.dep.*`` tags can be told apart by these.
+
 In a multi-process launch only rank 0 logs to the configured store; the other ranks' runs go to a throwaway one
 (see ``posttrain.process_group``), with the same tags, so their checkpoint keys match rank 0's.
 
@@ -25,6 +30,7 @@ import contextlib
 import functools
 import logging
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -124,6 +130,25 @@ def process_tags() -> dict[str, str]:
     return {"posttrain.pid": str(os.getpid()), "posttrain.host": socket.gethostname()}
 
 
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def numerics_tags() -> dict[str, str]:
+    """What decides a run's float results besides its code, data and params (see the module docstring)."""
+    from importlib.metadata import version
+
+    import torch
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"numerics.cpu": _cpu_model(), "numerics.torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "numerics.torch_threads": str(torch.get_num_threads()), "numerics.device": device,
+            **{f"numerics.{lib}": version(lib) for lib in ("torch", "transformers", "trl")}}
+
+
 def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
     """Mark FAILED the RUNNING runs of ``stage`` whose process on this host no longer exists; their ids, newest
     first. A run of another host, or whose process is alive (a concurrent run), is left alone."""
@@ -147,7 +172,7 @@ def stage_run(stage: str, params: Params, sections: list[str]):
     experiment_id = configure(params)
     parent = os.environ.get(PARENT_ENV)
     deps = dvc_hashes(stage, "dep")
-    tags = {"posttrain.stage": stage, **process_tags(), **git_state(), **deps}
+    tags = {"posttrain.stage": stage, **process_tags(), **numerics_tags(), **git_state(), **deps}
     if not deps:  # checkpoint keys fall back to file bytes and must not delete the DVC-keyed checkpoints
         tags[HASHES_MISSING_TAG] = "true"
     interrupted = close_interrupted_runs(experiment_id, stage)

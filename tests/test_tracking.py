@@ -75,3 +75,25 @@ def test_a_rank_other_than_0_logs_to_a_throwaway_store_with_rank_0s_tags(tmp_pat
     assert [r.info.run_id for r in runs] == [run.info.run_id]  # rank 0's alone
     ours = {rank: {k: v for k, v in t.items() if not k.startswith("mlflow.")} for rank, t in tags.items()}
     assert ours["1"] == ours["0"] and ours["0"]["posttrain.stage"] == "warmup"
+
+
+def test_a_stage_run_records_what_decides_its_float_results(tmp_path, monkeypatch, restore_tracking_uri):
+    """Weights repeat bit for bit on one machine, not across CPUs: the run says which CPU kernels and threads made it."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    base = load_params(SMOKE)
+    params = base.model_copy(update={"tracking": base.tracking.model_copy(
+        update={"uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_root": str(tmp_path / "artifacts")})})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with stage_run("warmup", params, sections=["seed"]) as run:
+            run_id = run.info.run_id
+    finally:
+        torch.set_num_threads(threads)
+    tags = MlflowClient(tracking_uri=params.tracking.uri).get_run(run_id).data.tags
+    assert tags["numerics.torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert tags["numerics.torch_threads"] == "1"
+    assert tags["numerics.torch"] == torch.__version__ and tags["numerics.device"] == "cpu"
+    assert tags["numerics.cpu"]  # the CPU's model name
