@@ -3,10 +3,15 @@
 Layers, each closing a different hole:
 - a fresh interpreter (``python -I -S``) in an empty temporary directory, with an empty environment,
   so no secret in the parent's environment is visible;
-- kernel resource limits set before exec: CPU seconds, address space, file size, open files;
+- kernel resource limits set before exec: CPU seconds, address space, file size, open files, and one process
+  (no fork, no thread);
+- kernel confinement set before exec (``posttrain.confinement``, where the kernel offers it): no network, no
+  capability on the host, and Landlock's file rules (read the Python install and system libraries, write only the
+  temporary directory), no signal to a process outside the sandbox. These hold even against a program that gets
+  around the audit hook below;
 - a wall-clock timeout enforced by the parent, which kills the child's whole process group;
-- a Python audit hook installed before the program runs (it cannot be removed afterwards) that
-  refuses sockets, subprocesses, forks, signals, ctypes, raised resource limits, file writes, creations,
+- a Python audit hook installed before the program runs (it cannot be removed afterwards, and its settings live
+  in a closure the program cannot reach) that refuses sockets, subprocesses, forks, signals, ctypes, raised resource limits, file writes, creations,
   truncations or deletions outside the temporary directory, reads outside it and the standard library, and the
   import of the modules that reach the kernel without an audit event of their own (``_posixsubprocess`` forks
   and execs silently; ``multiprocessing`` spawns through it);
@@ -27,52 +32,64 @@ import resource
 import selectors
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from posttrain.confinement import available_layers, confine, interpreter, system_read_roots
+
 _BOOTSTRAP = r"""
-import sys, os
-_tmp = os.getcwd()
-_allowed_read = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, _tmp} if p)
-_blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-            "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv", "pty.", "os.chdir", "os.chmod",
-            "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile",
-            "resource.setrlimit", "resource.prlimit")
-_no_import = {"_posixsubprocess", "subprocess", "_ctypes", "ctypes", "_socket", "socket", "_multiprocessing",
-              "multiprocessing", "_posixshmem", "pty", "_xxsubinterpreters", "_xxinterpchannels"}
-_write_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime")
+def _install_hook():
+    # everything the hook reads lives in this closure, out of the program's reach (a module global of __main__
+    # could be rewritten through sys.modules['__main__'], and the hook would then allow everything)
+    import sys, os
+    tmp = os.getcwd()
+    allowed_read = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, tmp} if p)
+    blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+               "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv", "pty.", "os.chdir", "os.chmod",
+               "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile",
+               "resource.setrlimit", "resource.prlimit")
+    no_import = frozenset({"_posixsubprocess", "subprocess", "_ctypes", "ctypes", "_socket", "socket",
+                           "_multiprocessing", "multiprocessing", "_posixshmem", "pty", "_xxsubinterpreters",
+                           "_xxinterpchannels", "gc"})  # gc: it lists every object, this hook among them
+    write_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime")
+    realpath, fsdecode, O_WRITES = os.path.realpath, os.fsdecode, (
+        os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
 
-def _inside(path, roots):
-    try:
-        p = os.path.realpath(os.fsdecode(path))
-    except Exception:
-        return False
-    return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
+    def inside(path, roots):
+        try:
+            p = realpath(fsdecode(path))
+        except Exception:
+            return False
+        return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
 
-def _hook(event, args):
-    if event == "import" and str(args[0]).split(".")[0] in _no_import:
-        raise PermissionError(f"sandbox: import {args[0]} is not allowed")
-    if event.startswith(_blocked):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    if event in _write_events and not all(_inside(a, (_tmp,)) for a in args if isinstance(a, (str, bytes))):
-        raise PermissionError(f"sandbox: {event} outside the sandbox directory")
-    if event == "open":
-        path, mode, flags = args
-        if isinstance(path, int):
-            return
-        # O_CREAT and O_TRUNC write even with O_RDONLY: they would create or empty a file in the Python install
-        writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & (
-            os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-        if not _inside(path, (_tmp,) if writes else _allowed_read):
-            raise PermissionError(f"sandbox: open({path!r}) outside the sandbox directory")
+    def hook(event, args):
+        if event == "import" and str(args[0]).split(".")[0] in no_import:
+            raise PermissionError(f"sandbox: import {args[0]} is not allowed")
+        if event.startswith(blocked):
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event in write_events and not all(inside(a, (tmp,)) for a in args if isinstance(a, (str, bytes))):
+            raise PermissionError(f"sandbox: {event} outside the sandbox directory")
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int):
+                return
+            # O_CREAT and O_TRUNC write even with O_RDONLY: they would create or empty a file in the Python install
+            writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & O_WRITES
+            if not inside(path, (tmp,) if writes else allowed_read):
+                raise PermissionError(f"sandbox: open({path!r}) outside the sandbox directory")
 
-_code = open("program.py").read()
-sys.addaudithook(_hook)
-del os.environ
+    with open("program.py") as f:
+        code = f.read()
+    sys.addaudithook(hook)
+    del os.environ
+    return code
+
+
+_code = _install_hook()
+del _install_hook
 exec(compile(_code, "program.py", "exec"), {"__name__": "__main__"})
 """
 
@@ -100,7 +117,9 @@ def sandbox_limits(cfg) -> SandboxLimits:
     return SandboxLimits(cfg.cpu_seconds, cfg.wall_seconds, cfg.memory_mb)
 
 
-def _limit_child(limits: SandboxLimits):
+def _limit_child(limits: SandboxLimits, tmp: str):
+    layers = available_layers()  # probed here, in the parent: the child only applies them
+
     def apply() -> None:
         os.setsid()  # own process group, so a timeout kills everything it started
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
@@ -109,6 +128,7 @@ def _limit_child(limits: SandboxLimits):
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, 1024 * 1024))
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        confine(system_read_roots(), tmp, layers)
 
     return apply
 
@@ -153,9 +173,9 @@ def run_program(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRe
     with tempfile.TemporaryDirectory(prefix="posttrain-sandbox-") as tmp:
         Path(tmp, "program.py").write_text(code, encoding="utf-8")
         with subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP],
+            [interpreter(), "-I", "-S", "-c", _BOOTSTRAP],
             cwd=tmp, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_limit_child(limits),
+            preexec_fn=_limit_child(limits, tmp),
         ) as proc:
             out, err, stopped = _read_capped(proc, limits)
             if stopped:
