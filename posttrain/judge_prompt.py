@@ -18,11 +18,17 @@ QUESTION_MARK, A_MARK, B_MARK, END_MARK = "[Question]", "[Response A]", "[Respon
 INSTRUCTIONS = ("Compare the two responses by these criteria: {criteria}\n"
                 "Think briefly, then end with exactly one line: 'Verdict: A', 'Verdict: B' or 'Verdict: tie'.")
 
-# A verdict keyword, then markdown, quotes or a JSON key's closing quote, then the side. "answer" only counts with a
-# colon ("Final answer: B"): "Response A's answer is a wrong number" is reasoning, not a verdict for A.
+# A verdict keyword, then markdown, quotes, brackets or a JSON key's closing quote, a separator (":", "=", a dash),
+# then the side. "answer" only counts with a colon ("Final answer: B"): "Response A's answer is a wrong number" is
+# reasoning, not a verdict for A. An uppercase A/B always counts; a lowercase a/b only standing alone (before the
+# line's end, punctuation or markdown: "verdict: b."), since before a word it is the article ("the winner is a
+# response that...", "my verdict: a slight edge to B"), and that would override the real verdict above it.
+_GAP = r"[\s*_\"'`\[\(]*"
 _VERDICT = re.compile(
-    r"(?:(?:verdict|winner|better response|preferred response)[\*\"'`]*\s*(?:is)?|answer[\*\"'`]*\s*(?=[:=]))"
-    r"\s*[:=]?\s*[\*\[\(\"'`]*\s*(?:response\s+|assistant\s+)?(?:a\s+(?=tie|draw))?(A|B|tie|draw)\b(?![\w-])",
+    r"(?:(?:verdict|winner|better response|preferred response)" + _GAP + r"(?:is\b" + _GAP + r")?"
+    r"|answer[*\"'`]*\s*(?=[:=]))(?:[:=\-–—]" + _GAP + r")?(?:(?:response|assistant)\b" + _GAP + r")?"
+    r"(?:a\s+(?=tie|draw))?"
+    r"((?-i:[AB]|[ab](?=[^\S\n]*(?:\n|$|[^\w\s])))|tie|draw)(?![\w-])",
     re.IGNORECASE)
 _BRACKETED = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)  # MT-Bench style [[A]]; [[C]] = tie
 
@@ -45,7 +51,11 @@ def parse_verdict(text: str | None) -> str | None:
     """'A', 'B' or 'tie' from a judge's answer (the last explicit verdict wins); None when there is none."""
     if not text:
         return None
-    text = re.sub(r"<think>.*?</think>", " ", text, flags=re.DOTALL | re.IGNORECASE)  # reasoning models
+    # reasoning models: drop closed <think> blocks; R1-style output has only the closing tag (the opening one is in
+    # the prompt template), so read after the last one; an unclosed <think> (a cut-off answer) is reasoning to the end
+    text = re.sub(r"<think>.*?</think>", " ", text, flags=re.DOTALL | re.IGNORECASE)
+    text = re.split(r"</think>", text, flags=re.IGNORECASE)[-1]
+    text = re.split(r"<think>", text, flags=re.IGNORECASE)[0]
     found = sorted([(m.start(), m.group(1)) for m in _VERDICT.finditer(text)]
                    + [(m.start(), m.group(1)) for m in _BRACKETED.finditer(text)])
     if not found:

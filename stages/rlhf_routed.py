@@ -66,6 +66,17 @@ def routing_report(client: JudgeClient, pm: PreferenceModel, cfg) -> dict:
     return summary
 
 
+def judge_figures(routing_totals: dict, ledger: CostLedger) -> dict:
+    """The run's routing totals (``RoutedPairwiseReward.summary``) and the judge's bill as one flat dict.
+
+    Two failure counts, kept apart: ``judge_failures`` (the routing's) are routed pairs that got no verdict and fell
+    back to the PM; ``judge_failed_requests`` (the ledger's ``failures``; by kind ``judge_failed_requests.<kind>``)
+    are judge requests (each order of a pair is one) that failed after their retries; the two need not agree.
+    """
+    bill = {k.replace("judge_failures", "judge_failed_requests"): v for k, v in ledger.as_metrics("judge_").items()}
+    return {**routing_totals, **bill}
+
+
 @stage_main
 def main() -> None:
     params = load_params()
@@ -94,9 +105,8 @@ def main() -> None:
         # 3. test accuracy before and after, and what the judge cost
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
-        metrics = {"routing": summary, "sft_test": before, "rlhf_test": after, **reward.summary(),
-                   "dev_accuracy": dev_cb.history,
-                   **{k.replace("judge.", "judge_"): v for k, v in ledger.as_metrics().items()}}
+        metrics = {"routing": summary, "sft_test": before, "rlhf_test": after, "dev_accuracy": dev_cb.history,
+                   **judge_figures(reward.summary(), ledger)}
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({"sft_test_accuracy": before["accuracy"], "rlhf_test_accuracy": after["accuracy"],
                             **ledger.as_metrics("judge_total.")})

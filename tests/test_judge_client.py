@@ -165,6 +165,44 @@ def test_verdict_parser_reads_json_markdown_and_takes_the_last_verdict(answer, v
     assert parse_verdict(answer) == verdict
 
 
+@pytest.mark.parametrize("answer, verdict", [
+    # the article "a" after a keyword is no verdict for A (it used to override the real verdict above it)
+    ("Verdict: B\nExplanation: the winner is a response whose final answer is right.", "B"),
+    ("Verdict: tie\n(The preferred response is a matter of style here.)", "tie"),
+    ("Verdict: B\nNote: my verdict is a judgement on the final answer only.", "B"),
+    ("My verdict: a slight edge to B.", None),
+    # markdown around the colon and the side, dashes as the separator
+    ("**Verdict:** **B**", "B"), ("**Final Verdict:** Response **B**", "B"), ("Verdict — B", "B"),
+    ("Verdict - B", "B"),
+    # reasoning: an unclosed <think> runs to the end (cut off); R1-style output has only the closing tag
+    ("<think>The verdict: B seems right", None),
+    ("So the verdict: A, surely.</think>\nBoth responses reach the same answer.", None),
+    ("Maybe verdict: A?\n</think>\n\nVerdict: B", "B"),
+    # a lowercase side standing alone still counts, and "a tie" / "a draw" are still ties
+    ("verdict: b.", "B"), ("**Verdict:** a\nBecause...", "A"), ("The winner is a draw.", "tie"),
+    ("Verdict: a tie", "tie")])
+def test_verdict_parser_skips_the_article_and_reasoning_and_reads_markdown(answer, verdict):
+    assert parse_verdict(answer) == verdict
+
+
+def test_the_metrics_keep_pairs_that_fell_back_apart_from_failed_judge_requests():
+    """rlhf_routed.json used to carry the ledger's failed-request count under the routing's ``judge_failures``
+    (pairs that fell back to the PM), overwriting it."""
+    from posttrain.judge_client import CostLedger
+    from posttrain.rlhf import RoutedPairwiseReward
+    from stages.rlhf_routed import judge_figures
+
+    reward = RoutedPairwiseReward(pm=None, judge=None, cfg=None, seed=0)  # summary() reads the totals alone
+    reward.totals.update({"pairs": 12, "routed": 6, "judge_failures": 1, "judge_verdicts": 5})
+    ledger = CostLedger(0.001, 0.002)
+    for kind in ("http_500", "http_500", "timeout"):
+        ledger.fail(kind)
+    figures = judge_figures(reward.summary(), ledger)
+    assert figures["judge_failures"] == 1 and figures["judge_failed_requests"] == 3
+    assert figures["judge_failed_requests.http_500"] == 2 and figures["judge_failed_requests.timeout"] == 1
+    assert len(figures) == len(reward.summary()) + len(ledger.as_metrics())  # nothing overwritten
+
+
 def mock_client(responses, **overrides):
     """A client whose HTTP calls get ``responses`` in turn (protocol corners the local service never sends)."""
     sent = []
