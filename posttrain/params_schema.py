@@ -13,7 +13,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: every float here (limits, rates, weights, probabilities) must be finite; YAML's .inf or
+    # .nan passed the bounds that only look one way (gt=0 lets inf through) and crashed a stage later, naming no key
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 DEEPSPEED_DOC = ("a DeepSpeed JSON config for this trainer (configs/deepspeed/zero2.json, zero3.json; "
@@ -140,6 +142,15 @@ class DotsSearchParams(_Section):
     batch_size: int = Field(ge=1, description="prompts per generation batch")
     max_new_tokens: int = Field(ge=1, description="generation length cap")
     chunk_size: int = Field(ge=1, description="questions per resumable chunk")
+
+    @field_validator("keep")
+    @classmethod
+    def _keep_shrinks(cls, v: list[int]) -> list[int]:
+        # DOTS narrows the candidates each iteration (N_1 > N_2, METHODS.md): a larger N_k cannot be met, as only the
+        # previous iteration's survivors are left; an equal one is harmless
+        if any(later > earlier for earlier, later in zip(v, v[1:])):
+            raise ValueError(f"must not increase from one iteration to the next (N_1 >= N_2 >= ...); got {v}")
+        return v
 
     @model_validator(mode="after")
     def _keep_per_iteration(self):

@@ -65,6 +65,16 @@ def test_profiles_have_the_same_keys():
     (lambda r: r["evaluate"].update(formats=[]), "params.yaml: evaluate.formats: expected distinct names"),
     (lambda r: r["evaluate"].update(models=["warmup", "rlhf"]), "params.yaml: evaluate: models, policies and the DOTS"),
     (lambda r: r["evaluate"].update(models=["warmup", "sft_vanilla"]), "params.yaml: evaluate: models, policies and"),
+    # non-finite floats: .inf passed gt=0 and the sandbox's read loop died of OverflowError, a NaN weight passed the
+    # weights' check and random.choices failed in prepare, neither naming the key
+    (lambda r: r["sandbox"].update(wall_seconds=float("inf")),
+     "params.yaml: sandbox.wall_seconds: got inf, expected a finite"),
+    (lambda r: r["policy_opt"].update(beta=float("inf")), "params.yaml: policy_opt.beta: got inf, expected a finite"),
+    (lambda r: r["task"]["kind_weights"].update(chain=float("nan")),
+     "params.yaml: task.kind_weights.chain: got nan, expected a finite"),
+    (lambda r: r["judge"]["faults"].update(http_500=float("nan")), "params.yaml: judge.faults.http_500: got nan"),
+    # DOTS keeps fewer candidates each iteration (N_1 = 8 > N_2 = 3); [3, 8] was accepted
+    (lambda r: r["dots_search"].update(keep=[3, 8]), "params.yaml: dots_search.keep: must not increase"),
 ])
 def test_bad_keys_are_named_on_one_line(mutate, expected):
     r = raw()
@@ -74,6 +84,12 @@ def test_bad_keys_are_named_on_one_line(mutate, expected):
     lines = str(e.value).splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(expected), lines[0]
+
+
+def test_keep_may_stay_level():
+    r = raw()
+    r["dots_search"]["keep"] = [3, 3]
+    assert parse_params(r).dots_search.keep == [3, 3]
 
 
 def test_every_problem_is_reported():
