@@ -13,13 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from posttrain.evaluation import OWN_CHOICE
 import mlflow
 
 from posttrain.params import load_params
-from posttrain.tracking import bench_run
+from posttrain.policy_accuracy import own_choice_accuracy
 from posttrain.seppo import train_policy
-from stages.evaluate import evaluate_model
+from posttrain.tracking import bench_run
 
 POLICY, SAMPLES, TEST = "models/sft", Path("data/seppo/samples.jsonl"), Path("data/prepared/test.jsonl")
 OUT = Path("reports/bench/seppo_vs_dpo.json")
@@ -36,7 +35,8 @@ def run() -> None:
     flips = sum(s["anchor_wins"] for s in samples) / len(samples)
     print(f"{len(samples)} anchor/reference pairs (AAF flips {flips:.2f} of them at the start), "
           f"{params.policy_opt.max_steps} steps, {len(records)} test questions")
-    results = {"sft": evaluate_model(POLICY, records, [OWN_CHOICE], params.evaluate, params.sandbox, params.seed)[1]}
+    tokens = params.evaluate.max_new_tokens
+    results = {"sft": own_choice_accuracy(POLICY, records, tokens, params.sandbox)}
     timing = {}
     for loss in ("seppo", "dpo"):
         for seed in range(args.seeds):
@@ -45,8 +45,7 @@ def run() -> None:
                 train_policy(POLICY, samples, params.policy_opt.model_copy(update={"loss": loss}), out,
                              params.seed + seed)
                 timing[f"{loss}/{seed}"] = time.perf_counter() - start
-                results[f"{loss}/{seed}"] = evaluate_model(out, records, [OWN_CHOICE], params.evaluate,
-                                                           params.sandbox, params.seed)[1]
+                results[f"{loss}/{seed}"] = own_choice_accuracy(out, records, tokens, params.sandbox)
     diffs = sorted(results["sft"]["by_difficulty"], key=int)
     print(f"\n{'policy':14}" + "".join(f"{'d' + d:>7}" for d in diffs) + f"{'all':>7}{'train s':>9}")
     for name, s in results.items():

@@ -18,10 +18,11 @@ Example:
     >>> aaf_sign(h_w).tolist()
     [1.0, -1.0]
     >>> [round(x, 3) for x in seppo_loss(h_w, h_r, beta=1.0).tolist()]
-    [0.201, 0.598]
+    [0.201, 0.644]
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -30,8 +31,10 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 from trl import DPOConfig, DPOTrainer
+from trl.data_utils import common_prefix_length
+from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from posttrain.modeling import device_args
+from posttrain.modeling import device_args, load_pretrained
 
 
 def reference_checkpoints(initial: str, snapshots: Path) -> list[str]:
@@ -48,6 +51,16 @@ def seppo_loss(h_w: torch.Tensor, h_r: torch.Tensor, beta: float) -> torch.Tenso
     """Per-pair SePPO loss; the flip decision is not differentiated through."""
     sign = aaf_sign(h_w.detach())
     return -F.logsigmoid(beta * (h_w - sign * h_r))
+
+
+def preference_example(tokenizer, prompt: str, chosen: str, rejected: str) -> dict:
+    """A row as DPOTrainer tokenises it (its ``tokenize_fn``, plain text): EOS appended, and both completions start
+    where the prompt's tokens part from either prompt+completion (a merge across the boundary moves the start)."""
+    eos = tokenizer.eos_token
+    p = tokenizer(prompt)["input_ids"]
+    w, r = (tokenizer(prompt + c + ("" if c.endswith(eos) else eos))["input_ids"] for c in (chosen, rejected))
+    k = min(common_prefix_length(p, w), common_prefix_length(p, r))
+    return {"prompt_ids": p[:k], "chosen_ids": w[k:], "rejected_ids": r[k:]}
 
 
 @torch.inference_mode()
@@ -79,10 +92,38 @@ def completion_logps(model, tokenizer, prompts: list[str], completions: list[str
     return out
 
 
+@torch.inference_mode()
+def preference_logps(model, tokenizer, prompts: list[str], chosen: list[str], rejected: list[str],
+                     max_length: int | None = None, truncation_mode: str = "keep_start", batch_size: int = 32,
+                     desc: str = "log-probs") -> tuple[list[float], list[float]]:
+    """log pi(chosen | prompt) and log pi(rejected | prompt) of each pair, summed over exactly the tokens DPOTrainer
+    scores under ``DPOConfig(max_length=..., truncation_mode=...)``: TRL's own collator cuts each sequence, so a
+    reference log-prob covers the same tokens as the policy's (a whole-sequence one made h_w and h_r meaningless
+    for pairs the trainer cuts). ``batch_size`` counts sequences (two per pair)."""
+    model.eval()
+    # pad id 0: padding is masked out and, on the right, never seen by earlier tokens
+    collate = DataCollatorForPreference(pad_token_id=0, max_length=max_length, truncation_mode=truncation_mode)
+    rows = list(zip(prompts, chosen, rejected, strict=True))
+    step = max(1, batch_size // 2)
+    out_w: list[float] = []
+    out_r: list[float] = []
+    for start in tqdm(range(0, len(rows), step), desc=desc, unit="batch"):
+        batch = {k: v.to(model.device) for k, v in collate([preference_example(tokenizer, *row)
+                                                            for row in rows[start:start + step]]).items()}
+        ids = batch["input_ids"]
+        logits = model(input_ids=ids, attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        token_logps = logits.gather(2, ids[:, 1:, None]).squeeze(2) - logits.logsumexp(-1)
+        w, r = (token_logps * batch["completion_mask"][:, 1:]).sum(1).cpu().chunk(2)
+        out_w += w.tolist()
+        out_r += r.tolist()
+    return out_w, out_r
+
+
 class PerRowReferenceDPOTrainer(DPOTrainer):
     """DPOTrainer whose reference log-probs are columns of the dataset (one reference model per row).
 
-    Needs ``DPOConfig(precompute_ref_log_probs=True)`` and ``ref_chosen_logps``/``ref_rejected_logps`` columns.
+    Needs ``DPOConfig(precompute_ref_log_probs=True)`` and ``ref_chosen_logps``/``ref_rejected_logps`` columns
+    covering the tokens the collator keeps: ``preference_logps`` with the config's max_length and truncation_mode.
     """
 
     def _precompute_ref_logps(self, dataset: Dataset, name: str, batch_size: int) -> Dataset:
@@ -123,11 +164,28 @@ class SePPOTrainer(PerRowReferenceDPOTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
-def pairs_dataset(samples: list[dict]) -> Dataset:
-    """A DPO/SePPO dataset from seppo_sample rows: anchor = chosen, reference sample = rejected."""
-    return Dataset.from_list([{"prompt": s["prompt"], "chosen": s["anchor"], "rejected": s["response"],
-                               "ref_chosen_logps": s["ref_anchor_logp"], "ref_rejected_logps": s["ref_response_logp"]}
-                              for s in samples])
+def pairs_dataset(samples: list[dict], tokenizer, max_length: int | None, truncation_mode: str = "keep_start",
+                  batch_size: int = 32) -> Dataset:
+    """A DPO/SePPO dataset from seppo_sample rows: anchor = chosen, reference sample = rejected.
+
+    seppo_sample's reference log-probs cover whole sequences (it cannot know the trainer's max_length); the pairs
+    ``max_length`` cuts get theirs again from their own reference checkpoint, over the tokens the trainer keeps."""
+    rows = [{"prompt": s["prompt"], "chosen": s["anchor"], "rejected": s["response"],
+             "ref_chosen_logps": s["ref_anchor_logp"], "ref_rejected_logps": s["ref_response_logp"]} for s in samples]
+    cut = defaultdict(list)  # reference checkpoint -> the rows it scores again
+    for i, (s, row) in enumerate(zip(samples, rows)):
+        ex = preference_example(tokenizer, row["prompt"], row["chosen"], row["rejected"])
+        longest = len(ex["prompt_ids"]) + max(len(ex["chosen_ids"]), len(ex["rejected_ids"]))
+        if max_length is not None and longest > max_length:
+            cut[s["reference"]].append(i)
+    for reference, idx in cut.items():
+        _, model = load_pretrained(reference)
+        columns = ([rows[i][k] for i in idx] for k in ("prompt", "chosen", "rejected"))
+        logps = preference_logps(model, tokenizer, *columns, max_length, truncation_mode, batch_size,
+                                 desc=f"ref log-probs ({Path(reference).name})")
+        for i, lw, lr in zip(idx, *logps):
+            rows[i].update(ref_chosen_logps=lw, ref_rejected_logps=lr)
+    return Dataset.from_list(rows)
 
 
 def train_policy(init_model: str, samples: list[dict], cfg, out: str, seed: int):
@@ -142,7 +200,8 @@ def train_policy(init_model: str, samples: list[dict], cfg, out: str, seed: int)
                      save_strategy="no", seed=seed, data_seed=seed, report_to=[], **device_args(cfg.deepspeed))
     trainer_cls = SePPOTrainer if cfg.loss == "seppo" else PerRowReferenceDPOTrainer
     tokenizer = AutoTokenizer.from_pretrained(init_model)
-    trainer = trainer_cls(model=init_model, args=args, train_dataset=pairs_dataset(samples), processing_class=tokenizer)
+    pairs = pairs_dataset(samples, tokenizer, args.max_length, args.truncation_mode, args.per_device_train_batch_size)
+    trainer = trainer_cls(model=init_model, args=args, train_dataset=pairs, processing_class=tokenizer)
     trainer.train()
     trainer.save_model(out)
     tokenizer.save_pretrained(out)

@@ -87,8 +87,9 @@ def main() -> None:
 
         # 1-2. sample from each reference, build the anchors, keep the reference log-probs of both; each reference's
         # samples are saved as they are done, so a killed run resumes at the next reference
+        # the fallback key (no DVC hashes) covers every model read here: the policy's log-probs are saved too
         progress = claim_checkpoint_dir(CHECKPOINTS, result_params(params, RESUME_SECTIONS), params.seed,
-                                        [TRAIN, Path(WARMUP), SNAPSHOTS])
+                                        [TRAIN, Path(WARMUP), SNAPSHOTS, Path(POLICY)])
         samples = []
         for j, todo in sorted(jobs.items()):
             saved = progress / f"reference_{j}.jsonl"
@@ -103,6 +104,8 @@ def main() -> None:
             texts = [c.text for c in gen.generate(prompts, cfg.temperature, seed=params.seed + j,
                                                   desc=f"sample {Path(refs[j]).name}")]
             anchors = [anchor_completion(rec, t) for (rec, _), t in zip(todo, texts)]
+            # whole sequences (this stage cannot know a trainer's max_length; seppo.pairs_dataset scores again the
+            # pairs one cuts)
             ref_w = completion_logps(model, tokenizer, prompts, anchors, cfg.batch_size, desc="ref log p(y_w)")
             ref_r = completion_logps(model, tokenizer, prompts, texts, cfg.batch_size, desc="ref log p(y_ref)")
             verdicts = score_responses([rec for rec, _ in todo], [OWN_CHOICE] * len(todo), texts,

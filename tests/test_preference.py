@@ -5,14 +5,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from trl import DPOConfig
+from trl import DPOConfig, DPOTrainer
 
 from posttrain.calibration import accuracy_by_decile, expected_calibration_error, spearman
-from posttrain.modeling import device_args
+from posttrain.modeling import device_args, load_pretrained
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, tie_pairs, training_pairs
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import both_orders, tie_sample
-from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, seppo_loss
+from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, preference_logps, seppo_loss, train_policy
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
@@ -201,8 +201,9 @@ def test_seppo_trainer_starts_at_log2_and_learns(tiny, tmp_path):
         y_w = f" cot\n{render_response(p, BY_NAME['cot'])}"
         y_r = f" cot\nAnswer: {p.answer + 1}"
         rows.append({"prompt": x, "chosen": y_w, "rejected": y_r})
-    ref_w = completion_logps(model, tok, [r["prompt"] for r in rows], [r["chosen"] for r in rows])
-    ref_r = completion_logps(model, tok, [r["prompt"] for r in rows], [r["rejected"] for r in rows])
+    # completion_logps: what seppo_sample stores
+    ref_w, ref_r = (completion_logps(model, tok, [r["prompt"] for r in rows], [r[k] for r in rows])
+                    for k in ("chosen", "rejected"))
     data = Dataset.from_list([{**r, "ref_chosen_logps": a, "ref_rejected_logps": b}
                               for r, a, b in zip(rows, ref_w, ref_r)])
     args = DPOConfig(str(tmp_path), precompute_ref_log_probs=True, beta=0.5, max_steps=12, learning_rate=5e-3,
@@ -212,6 +213,51 @@ def test_seppo_trainer_starts_at_log2_and_learns(tiny, tmp_path):
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert abs(float(losses[0]) - math.log(2)) < 1e-3, losses[0]
     assert float(losses[-1]) < float(losses[0]) - 0.05
+
+
+def _long_pairs(tiny, n):
+    """Pairs whose anchor (the longest trajectory's worked solution) is far longer than the rejected response."""
+    longest = BY_NAME["decompose+cot+verify"]
+    return [{"prompt": prompt(p.question), "chosen": f" {longest.name}\n{render_response(p, longest)}",
+             "rejected": f" cot\nAnswer: {p.answer + 1}"} for p in tiny.problems[:n]]
+
+
+def _cutting_max_length(tiny, rows):
+    """A max_length that cuts every anchor (TRL keeps each sequence's start) and leaves the rejected responses."""
+    return min(len(tiny.tok(r["prompt"] + r["chosen"])["input_ids"]) for r in rows) - 10
+
+
+@pytest.mark.parametrize("truncation_mode", ["keep_start", "keep_end"])
+def test_preference_logps_cover_the_tokens_dpo_trainer_keeps(tiny, tmp_path, truncation_mode):
+    """Our reference log-probs against TRL's own (its precompute with the model as reference), sequences cut."""
+    rows = _long_pairs(tiny, 4)
+    max_length = _cutting_max_length(tiny, rows)
+    args = DPOConfig(str(tmp_path), precompute_ref_log_probs=True, max_length=max_length,
+                     truncation_mode=truncation_mode, report_to=[], **device_args())
+    trl = DPOTrainer(model=tiny.path, args=args, train_dataset=Dataset.from_list(rows), processing_class=tiny.tok)
+    _, model = load_pretrained(tiny.path)
+    ours = preference_logps(model, tiny.tok, *([r[k] for r in rows] for k in ("prompt", "chosen", "rejected")),
+                            max_length=max_length, truncation_mode=truncation_mode)
+    for column, values in zip(("ref_chosen_logps", "ref_rejected_logps"), ours):
+        assert torch.allclose(torch.tensor(trl.train_dataset[column]), torch.tensor(values), atol=1e-3)
+
+
+def test_seppo_policy_as_its_own_reference_starts_at_log2_when_max_length_cuts(tiny, tmp_path):
+    """seppo_sample stores whole-sequence reference log-probs; the trainer's collator cut the anchors to max_length,
+    so the policy's sum covered fewer tokens: h_w came out ~280 nats high, AAF never fired and the loss was 0."""
+    rows = _long_pairs(tiny, 4)
+    _, model = load_pretrained(tiny.path)
+    ref_w, ref_r = (completion_logps(model, tiny.tok, [r["prompt"] for r in rows], [r[k] for r in rows])
+                    for k in ("chosen", "rejected"))
+    samples = [{"prompt": r["prompt"], "anchor": r["chosen"], "response": r["rejected"], "reference": tiny.path,
+                "ref_anchor_logp": a, "ref_response_logp": b} for r, a, b in zip(rows, ref_w, ref_r)]
+    cfg = SimpleNamespace(loss="seppo", beta=0.5, max_steps=1, batch_size=4, grad_accum=1, learning_rate=1e-9,
+                          warmup_ratio=0.0, weight_decay=0.0, max_length=_cutting_max_length(tiny, rows),
+                          logging_steps=1, deepspeed=None)
+    log = next(log for log in train_policy(tiny.path, samples, cfg, str(tmp_path), seed=0).state.log_history
+               if "loss" in log)
+    assert abs(float(log["loss"]) - math.log(2)) < 1e-3, log
+    assert abs(float(log["rewards/chosen"])) < 1e-3, log
 
 
 # --- preference data ------------------------------------------------------------------------------------------
