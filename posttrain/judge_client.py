@@ -30,6 +30,7 @@ from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
 
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the stage's output
+log = logging.getLogger(__name__)
 
 
 class JudgeCallError(Exception):
@@ -69,8 +70,11 @@ def token_count(usage: dict, key: str) -> int:
 def judge_identity(cfg) -> list:
     """Who answers, for the cache key: the model name and temperature, and for the local service its backend
     (the default model name is the same whichever backend serves it, and a verifier's verdicts must not be served
-    as an HF model's)."""
+    as an HF model's); an HF judge also by its files' sizes and times, so one retrained in place is asked anew."""
     local = [cfg.backend, cfg.hf_model if cfg.backend == "hf" else None] if cfg.base_url is None else []
+    if cfg.base_url is None and cfg.backend == "hf" and Path(cfg.hf_model).is_dir():
+        local.append(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                            for f in Path(cfg.hf_model).iterdir() if f.is_file()))
     return [cfg.model, cfg.temperature, *local]
 
 
@@ -134,15 +138,24 @@ class JudgeCache:
     def key(identity: list, messages: list[dict]) -> str:
         return hashlib.sha256(json.dumps([identity, messages], sort_keys=True).encode()).hexdigest()
 
+    # A cache another process holds locked past the timeout (two runs sharing one file) costs a paid call or a lost
+    # entry, never the step: the verdict itself is in hand.
     def get(self, key: str) -> str | None:
-        with self.lock:
-            row = self.db.execute("SELECT verdict FROM verdicts WHERE key = ?", (key,)).fetchone()
+        try:
+            with self.lock:
+                row = self.db.execute("SELECT verdict FROM verdicts WHERE key = ?", (key,)).fetchone()
+        except sqlite3.OperationalError as e:
+            log.warning("judge cache unreadable (%s): asking the judge", e)
+            return None
         return row[0] if row else None
 
     def put(self, key: str, verdict: str, raw: str) -> None:
-        with self.lock:
-            self.db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", (key, verdict, raw))
-            self.db.commit()
+        try:
+            with self.lock:
+                self.db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", (key, verdict, raw))
+                self.db.commit()
+        except sqlite3.OperationalError as e:
+            log.warning("judge cache not written (%s): a re-run pays for this verdict again", e)
 
 
 class RateLimiter:
@@ -184,6 +197,8 @@ class JudgeClient:
             raise JudgeCallError("timeout") from None
         except httpx.TransportError:
             raise JudgeCallError("connection") from None
+        except httpx.HTTPError:  # a body that does not decode, a redirect loop: the server's fault, maybe passing
+            raise JudgeCallError("bad_response") from None
         if resp.status_code == 429:
             retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
             if retry_after is not None and retry_after > self.cfg.max_retry_after_s:

@@ -277,8 +277,9 @@ class RlhfParams(OnlinePolicyParams):
 
     routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
         description="which pairs the judge decides")
-    threshold: float = Field(ge=0, description="uncertainty: route pairs whose uncertainty (train_rm.uncertainty_score) "
-                                               "is above this")
+    threshold: float = Field(ge=0, description="uncertainty: route pairs whose route_score is above this: u_ij "
+                                               "(train_rm.uncertainty_score), or with expected_gain the gain a verdict "
+                                               "is expected to bring (0 to 4; a verdict on an even pair brings 2)")
     budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each step's "
                                                    "non-identical pairs judged (a share of judge_only's cost)")
     uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")

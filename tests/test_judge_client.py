@@ -2,6 +2,7 @@
 and against a mock transport for protocol corners the service never sends; the verdict parser; the service."""
 import email.utils
 import logging
+import sqlite3
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -9,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 
-from posttrain.judge_client import JudgeCache, JudgeClient
+from posttrain.judge_client import JudgeCache, JudgeClient, judge_identity
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
 from posttrain.judge_server import JudgeService, build_app, verifier_backend
 from posttrain.params import load_params
@@ -84,6 +85,30 @@ def test_every_fault_ends_in_a_counted_fallback_after_the_retries(service, fault
     client = JudgeClient(cfg(), svc.base_url)
     assert client.judge(triples(2)) == [None, None]
     assert client.ledger.failures == {kind: 2}
+
+
+def test_a_body_that_does_not_decode_falls_back_instead_of_raising():
+    # a gzip header over bytes that are not gzip: httpx raises DecodingError, neither a timeout nor a transport error
+    def broken(request):
+        return httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=b"not gzip at all")
+    client = JudgeClient(cfg(), "http://judge.invalid/v1")
+    client.http = httpx.Client(base_url="http://judge.invalid/v1", transport=httpx.MockTransport(broken))
+    assert client.judge(triples(1)) == [None]
+    assert client.ledger.failures == {"bad_response": 1}
+
+
+def test_a_cache_locked_by_another_process_costs_a_call_not_the_step(service, tmp_path):
+    svc = service()
+    cache = JudgeCache(tmp_path / "judge.sqlite")
+    cache.db = sqlite3.connect(str(tmp_path / "judge.sqlite"), check_same_thread=False, timeout=0.05)
+    holder = sqlite3.connect(str(tmp_path / "judge.sqlite"))
+    holder.execute("BEGIN EXCLUSIVE")  # another run mid-write
+    try:
+        client = JudgeClient(cfg(), svc.base_url, cache=cache)
+        assert client.judge(triples(2)) == ["A", "A"]
+        assert client.ledger.calls == 2 and client.ledger.cache_hits == 0
+    finally:
+        holder.rollback()
 
 
 def test_timeouts_are_retried_then_fall_back(service):
@@ -244,3 +269,15 @@ def test_the_cache_keeps_one_backends_verdicts_from_another(service, tmp_path):
     assert hf.ledger.calls == 2 and hf.ledger.cache_hits == 0  # same model name, another judge: asked again
     again = JudgeClient(cfg(base_url=None, backend="verifier"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
     assert again.judge(triples(2)) == ["A", "A"] and again.ledger.calls == 0
+
+
+def test_an_hf_judge_retrained_in_place_is_not_served_its_old_verdicts(tmp_path):
+    model = tmp_path / "judge_model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights v1")
+    hf = cfg(backend="hf", hf_model=str(model), base_url=None)
+    before = judge_identity(hf)
+    (model / "model.safetensors").write_bytes(b"weights v2, retrained")
+    assert judge_identity(hf) != before
+    assert judge_identity(cfg(backend="verifier", base_url=None)) == judge_identity(cfg(backend="verifier",
+                                                                                        base_url=None))
