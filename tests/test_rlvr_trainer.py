@@ -134,20 +134,42 @@ def test_reference_responses_seed_the_buffer_with_verified_solutions_only(tiny):
     assert stats.buffer_hits == 1 and [r.reward for r in groups[seeds[0].prompt]] == [0.0, 0.0, 0.0, 1.0]
 
 
+class LoggedTotals(TrainerCallback):
+    """Per logged step: the training seconds MLflow got, and the trainer's running total at that point."""
+
+    def __init__(self):
+        self.trainer, self.seen = None, []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "rollout/total_training_seconds" in logs:
+            self.seen.append((logs["rollout/total_training_seconds"], self.trainer.totals["training_seconds"]))
+
+
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "ar3po"])
 def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, algo):
-    trainer = make_trainer(tiny, tmp_path, algo, n_responses=4, stages=2, k=2, max_rounds=2)
+    logged = LoggedTotals()
+    trainer = make_trainer(tiny, tmp_path, algo, callbacks=[logged], n_responses=4, stages=2, k=2, max_rounds=2)
+    logged.trainer = trainer
     # an untrained model never answers right: a stub reward (odd length) gives the groups something to learn
     trainer.verifier = lambda prompts, completions: [float(len(c) % 2) for c in completions]
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert trainer.state.global_step == 2 and trainer.totals["responses"] > 0
+    # each step logs the total as it stands (it was once the mean of the previous step's and this one's)
+    assert len(logged.seen) == 2 and all(got == pytest.approx(total) for got, total in logged.seen)
     state = tmp_path / "checkpoint-2" / ROLLOUT_STATE
     assert state.exists()
     resumed = make_trainer(tiny, tmp_path / "again", algo)
+    # a fresh trainer's buffer and prompt sampler would equal a run's that never used them (grpo's, dapo's buffer):
+    # moved on first, they must be overwritten by the checkpoint's
+    resumed.buffer.add(Response(prompt(tiny.records[0]["question"]), "not in the checkpoint", 1.0, 1))
+    resumed.buffer.rng.random()
+    resumed.prompt_rng.random()
     resumed.load_rollout_state(tmp_path / "checkpoint-2")
     assert resumed.totals == trainer.totals and resumed.curve == trainer.curve
     assert resumed.buffer.state_dict() == json.loads(json.dumps(trainer.buffer.state_dict()))
+    assert resumed.buffer.rng.getstate() == trainer.buffer.rng.getstate()
+    assert resumed.prompt_rng.getstate() == trainer.prompt_rng.getstate()
     assert trainer.curve[-1]["responses"] == trainer.totals["responses"]
     assert trainer.totals["zero_advantage_prompts"] < trainer.totals["prompts"]
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())

@@ -332,3 +332,28 @@ def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
     assert dict(again.totals) == {"pairs": 48, "routed": 8, "judge_failures": 1}
     assert ledger_again.state_dict() == ledger.state_dict() and ledger_again.cost == ledger.cost
     assert again.rng.random() == reward.rng.random()  # the same draws continue
+
+
+def test_a_verdict_bought_for_one_copy_serves_every_copy_under_route_unit_pair():
+    """Responses 0 and 2 are one text, so (0, 3) and (2, 3) are one comparison. A pair budget of 40% of the 5
+    judgeable pairs buys 2: (1, 3) and one copy of ('aa right', 'aaaa'). The other copy once kept the PM's +4, so
+    the two identical responses got different rewards (3.0 and 3.667); now it takes the verdict too, for free: it
+    is neither routed nor a judge call."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    responses = ["aa right", "a", "aa right", "aaaa"]
+    cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={
+        "route_score": "uncertainty", "routing": "uncertainty_budget", "budget": 0.4, "route_unit": "pair"})
+    judge, metrics = StubJudge(), {}
+    reward = RoutedPairwiseReward(StubPM(), judge, cfg, seed=0)
+    rewards = reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4,
+                     log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert sorted(b for _, _, b in judge.asked) == ["aaaa", "aaaa"] and len(judge.asked) == 2
+    assert rewards[0] == pytest.approx(rewards[2])
+    # s_01 = s_21 = 8 - 1 (PM), s_02 = 0 (one text), s_03 = s_23 = +2 (the verdict, for both copies)
+    rm_only = RoutedPairwiseReward(StubPM(), StubJudge(), cfg.model_copy(update={"routing": "rm_only"}), 0)(
+        prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+    assert rewards[0] - rm_only[0] == pytest.approx(-2 / 3) == rewards[2] - rm_only[2]  # +4 -> +2 for both copies
+    assert reward.totals["routed"] == 2 and reward.totals["judged_comparisons"] == 2
+    assert reward.totals["judge_verdicts"] == 2 and reward.totals["shared_verdicts"] == 1
+    assert metrics["routing/routed_fraction"] == pytest.approx(2 / 6)
