@@ -82,7 +82,9 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
         for name in order:
             results.append(run_stage(name, parent.info.run_id))
         mlflow.log_dict({"stages": results}, "stages.json")
-        metrics = json.loads(METRICS.read_text()) if METRICS.exists() else {}
+        # evaluate's figures belong to this run only if it ran evaluate: after `posttrain run prepare` the file
+        # on disk measured other data or models
+        metrics = json.loads(METRICS.read_text()) if "evaluate" in order and METRICS.exists() else {}
         for model, summary in metrics.items():
             mlflow.log_metric(f"{model}.accuracy", summary["accuracy"])
     return {"stages": results, "metrics": metrics}

@@ -161,7 +161,8 @@ def summarise(spec: SweepSpec, rows: list[dict]) -> pd.DataFrame:
     group = [k for k in spec.grid if k != "seed"]
     if not group:
         return df[spec.metrics].agg(["mean", "std"]).T.reset_index(names="metric")
-    agg = df.groupby(group, sort=False)[spec.metrics].agg(["mean", "std", "count"])
+    # dropna=False: a grid value may be null (rlvr.vllm: [null, colocate]); pandas would drop its group unseen
+    agg = df.groupby(group, sort=False, dropna=False)[spec.metrics].agg(["mean", "std", "count"])
     agg.columns = [f"{m} {stat}" for m, stat in agg.columns]
     return agg.reset_index()
 

@@ -16,6 +16,7 @@ any number of workers gives the same rows as one. With a ``done_dir`` each finis
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ def answer_with_external_planner(planner_dir: str, solver_dir: str, records: lis
     planner = open_generator(planner_dir, params.generation, params.evaluate.batch_size, 16, params.seed)
     chosen = [split_choice(p.text)[0] for p in planner.generate([prompt(r["question"]) for r in records],
                                                                   seed=params.seed, progress=False)]
+    # before the solver's engine opens: two vLLM engines would each claim gpu_memory_utilization of the device
+    del planner
+    gc.collect()
     rows = _answer(solver_dir, records, [prompt(r["question"], t) for r, t in zip(records, chosen)],
                    [t.name if t else OWN_CHOICE for t in chosen], params)
     for row, t in zip(rows, chosen):

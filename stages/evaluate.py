@@ -91,6 +91,8 @@ def main() -> None:
     with stage_run("evaluate", params, sections=["seed", "sandbox", "evaluate", "generation"]):
         records = read_jsonl(TEST)
         records = records[: cfg.n_test] if cfg.n_test else records
+        if not records:  # prepare's on_overlap: drop can empty it; every accuracy would read 0.0
+            raise DataError(f"{TEST}: no test questions to evaluate")
         formats = resolve_formats(cfg.formats)
         systems, dirs = systems_to_evaluate(cfg, formats)
         shards = plan_shards(systems, len(records), cfg.shard_size, dirs)

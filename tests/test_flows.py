@@ -1,5 +1,6 @@
 """What the flows and the report stage do with a mistyped stage, a malformed sweep metric, and a run that
 evaluated no DOTS system: a clear error before anything runs, or a report without that section's rows."""
+import json
 import os
 from pathlib import Path
 
@@ -88,6 +89,17 @@ def test_a_sweep_report_groups_list_values_and_says_how_many_variants_ran(tmp_pa
     assert "3 of 4 variants (the rest failed)" in report and '["pot"]' in report
 
 
+def test_a_null_grid_value_keeps_its_row_in_the_summary():
+    import flows.sweep as sweep
+
+    spec = sweep.SweepSpec(name="engine", grid={"rlvr.vllm": [None, "colocate"], "seed": [0, 1]},
+                           metrics=["rlvr_ar3po:rlvr_test.accuracy"])
+    rows = [{"variant": f"v{i}", "rlvr.vllm": v, "seed": s, "rlvr_ar3po:rlvr_test.accuracy": 0.5 + i / 10}
+            for i, (v, s) in enumerate([(None, 0), (None, 1), ("colocate", 0), ("colocate", 1)])]
+    summary = sweep.summarise(spec, rows)
+    assert len(summary) == 2 and summary["rlvr_ar3po:rlvr_test.accuracy count"].tolist() == [2, 2]
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs/sweeps").glob("*.yaml")))
 def test_the_shipped_sweep_files_load(path):
     from flows.sweep import load_sweep
@@ -125,6 +137,25 @@ def test_a_killed_pipeline_runs_parent_run_is_closed_by_the_next_pipeline_run(tm
     assert client.get_run(killed.info.run_id).info.status == "FAILED"
     (new,) = [r for r in client.search_runs([experiment_id]) if r.info.run_id != killed.info.run_id]
     assert new.info.status == "FINISHED" and new.data.tags["posttrain.pid"] == str(os.getpid())
+
+
+def test_a_pipeline_run_logs_the_evaluation_only_when_it_ran_evaluate(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    import flows.pipeline
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment_id = mlflow.create_experiment("posttrain", artifact_location=str(tmp_path / "artifacts"))
+    metrics = tmp_path / "evaluate.json"
+    metrics.write_text(json.dumps({"sft": {"accuracy": 0.5}}))  # an earlier run's, on other data or models
+    monkeypatch.setattr(flows.pipeline, "METRICS", metrics)
+    monkeypatch.setattr(flows.pipeline, "configure", lambda params: experiment_id)
+    monkeypatch.setattr(flows.pipeline, "run_stage", lambda name, parent: {"stage": name, "ran": True, "seconds": 0})
+    assert flows.pipeline.pipeline.fn(["prepare"])["metrics"] == {}
+    assert flows.pipeline.pipeline.fn(["evaluate"])["metrics"] == {"sft": {"accuracy": 0.5}}
+    runs = sorted(MlflowClient().search_runs([experiment_id]), key=lambda r: r.info.start_time)
+    assert ["sft.accuracy" in r.data.metrics for r in runs] == [False, True]
 
 
 def test_the_warmup_row_is_its_own_choice_or_nothing():
