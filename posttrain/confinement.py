@@ -70,6 +70,8 @@ class _PathBeneathAttr(ctypes.Structure):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version; 0 where Landlock is absent or disabled."""
+    if sys.platform != "linux":  # syscall numbers are Linux's; elsewhere 444 is another call
+        return 0
     abi = _libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
     return max(0, int(abi))
 
@@ -147,8 +149,11 @@ def confine(read_roots: list[str], write_root: str, layers: frozenset[str]) -> N
 @functools.cache
 def available_layers() -> frozenset[str]:
     """The layers this kernel applies, probed once per process: each confines a child that only starts Python."""
+    if sys.platform != "linux":
+        return frozenset()
     layers = set()
-    candidates = ["namespaces"] + ["landlock"] * (landlock_abi() >= 1) + ["seccomp"] * (platform.machine() in _SECCOMP_ARCH)
+    candidates = (["namespaces"] + ["landlock"] * (landlock_abi() >= 1)
+                  + ["seccomp"] * (platform.machine() in _SECCOMP_ARCH))
     for layer in candidates:
         try:
             subprocess.run([interpreter(), "-I", "-S", "-c", "pass"], check=True, capture_output=True, timeout=60,
