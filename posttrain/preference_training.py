@@ -11,7 +11,6 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
 import random
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from posttrain.curves import TrainingCurve
 from posttrain.modeling import device_args
 from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, left_padded_positions, tail
+from posttrain.tracking import part_run
 
 
 def tie_sample(pairs: list[dict], ties: list[dict], tie_share: float, seed: int) -> list[dict]:
@@ -102,8 +102,7 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     callbacks = [TrainingCurve(curve, ["loss", "accuracy", "margin"])] if curve is not None else []
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                             callbacks=callbacks)
-    # a run of its own, nested in the stage's: its Trainer args and loss curve would clash with the PM's there
-    with mlflow.start_run(run_name="pointwise_rm", nested=True) if mlflow.active_run() else contextlib.nullcontext():
+    with part_run("pointwise_rm"):  # its Trainer args and loss curve would clash with the PM's in the stage's run
         trainer.train(resume_from_checkpoint=resume)
     save_trained(trainer, tokenizer, out)
     return model.eval(), tokenizer  # the checkpoints stay (see claim_checkpoint_dir)

@@ -69,8 +69,8 @@ def save_snapshots(ckpt: Path, dest: Path, last_step: int) -> None:
 
 
 def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str, checkpoint_root: Path,
-              key_files: list[Path], seed: int, name: str = "sft", metric_prefix: str = "",
-              snapshots: str | None = None, curve: Path | None = None) -> dict:
+              key_files: list[Path], seed: int, name: str = "sft", snapshots: str | None = None,
+              curve: Path | None = None) -> dict:
     """Fine-tune ``init_model`` on prompt/completion ``examples``; save to ``out`` atomically.
 
     With ``snapshots``, every checkpoint before the last step is also kept (weights and tokenizer only) as
@@ -102,7 +102,7 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     summary = {"train_tokens": n_tokens, "train_tokens_per_s": n_tokens / max(result.metrics["train_runtime"], 1e-9),
                "final_loss": last_logged_loss(trainer.state.log_history, result.metrics["train_loss"]),
                "n_examples": len(examples)}
-    mlflow.log_metrics({f"{metric_prefix}{k}": v for k, v in summary.items()})
+    mlflow.log_metrics(summary)
     with atomic_dir(out) as tmp:
         save_trained(trainer, tokenizer, tmp)
     if snapshots is not None:

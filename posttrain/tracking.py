@@ -46,6 +46,7 @@ from posttrain.params_schema import Params
 from posttrain.process_group import is_main_process
 
 PARENT_ENV = "POSTTRAIN_PARENT_RUN_ID"
+PART_TAG = "posttrain.part_of"  # on a run nested in a stage's run for one of the models it trains (part_run)
 HASHES_MISSING_TAG = "posttrain.dvc_hashes_missing"  # DVC could not hash the deps: checkpoint keys fall back
 SWEEP_ENV, VARIANT_ENV = "POSTTRAIN_SWEEP", "POSTTRAIN_VARIANT"  # set by flows/sweep.py for each variant
 log = logging.getLogger(__name__)
@@ -150,18 +151,21 @@ def numerics_tags() -> dict[str, str]:
 
 
 def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
-    """Mark FAILED the RUNNING runs of ``stage`` whose process on this host no longer exists; their ids, newest
-    first. A run of another host, or whose process is alive (a concurrent run), is left alone."""
+    """Mark FAILED the RUNNING runs of ``stage`` whose process on this host no longer exists, and their nested
+    ``part_run`` runs; the stage runs' ids, newest first. A run of another host, or whose process is alive (a
+    concurrent run), is left alone."""
     client = MlflowClient()
     runs = client.search_runs([experiment_id], f"tags.`posttrain.stage` = '{stage}' and attributes.status = 'RUNNING'",
                               order_by=["attributes.start_time DESC"])
+    parts = client.search_runs([experiment_id], f"tags.`{PART_TAG}` = '{stage}' and attributes.status = 'RUNNING'")
     closed = []
-    for run in runs:
+    for run in [*runs, *parts]:
         pid, host = run.data.tags.get("posttrain.pid"), run.data.tags.get("posttrain.host")
         if pid and host == socket.gethostname() and _process_gone(int(pid)):
             client.set_tag(run.info.run_id, "posttrain.interrupted", "true")
             client.set_terminated(run.info.run_id, "FAILED")
-            closed.append(run.info.run_id)
+            if PART_TAG not in run.data.tags:
+                closed.append(run.info.run_id)
     return closed
 
 
@@ -191,6 +195,23 @@ def stage_run(stage: str, params: Params, sections: list[str]):
         mlflow.log_params({k: str(v)[:6000] for k, v in logged.items()})
         yield run
         mlflow.set_tags(dvc_hashes(stage, "out"))
+
+
+@contextlib.contextmanager
+def part_run(name: str):
+    """A run nested in the active stage run, for one of several models the stage trains (sft's three planners,
+    train_rm's two models). Each Trainer logs its arguments as params, which MLflow refuses to change within a run,
+    and its losses under the same keys as the others'. Tagged with the stage (``posttrain.part_of``) and this
+    process, so a killed stage's parts are closed as FAILED with its run. Without an active run it opens none."""
+    active = mlflow.active_run()
+    if active is None:
+        yield None
+        return
+    stage = active.data.tags.get("posttrain.stage", "")
+    # in the stage run's experiment: a nested run otherwise lands in the active experiment, MLflow's Default
+    with mlflow.start_run(experiment_id=active.info.experiment_id, run_name=f"{stage} {name}".strip(), nested=True,
+                          tags={PART_TAG: stage, **process_tags()}) as run:
+        yield run
 
 
 @contextlib.contextmanager

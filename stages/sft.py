@@ -32,7 +32,7 @@ from posttrain.sft import SFT_CURVE, train_sft
 from posttrain.task.arithmetic import Problem
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
-from posttrain.tracking import stage_run
+from posttrain.tracking import part_run, stage_run
 from posttrain.trajectories import BY_NAME, plain_prompt, prompt
 
 SOLVER, TRAIN, SEARCH = "models/warmup", Path("data/prepared/train.jsonl"), Path("data/dots/search.jsonl")
@@ -85,10 +85,14 @@ def main() -> None:
             return
         for planner in OUT:
             steps = cfg.external_max_steps if planner == "external" else cfg.max_steps
-            train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}), OUT[planner],
-                      CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed, name=f"sft {planner}",
-                      metric_prefix=f"{planner}.", snapshots=SNAPSHOTS if planner == "internal" else None,
-                      curve=CURVE_DIR / f"sft_{planner}.csv")
+            # one nested run per planner: three Trainers' args and loss curves cannot share the stage's run
+            with part_run(planner):
+                summary = train_sft(SOLVER, examples[planner], cfg.model_copy(update={"max_steps": steps}),
+                                    OUT[planner], CHECKPOINTS / planner, key_files=[TRAIN, SEARCH], seed=params.seed,
+                                    name=f"sft {planner}", snapshots=SNAPSHOTS if planner == "internal" else None,
+                                    curve=CURVE_DIR / f"sft_{planner}.csv")
+            # the stage's run keeps each planner's summary, side by side
+            mlflow.log_metrics({f"{planner}.{k}": v for k, v in summary.items() if k != "resumed_from"})
 
 
 if __name__ == "__main__":

@@ -43,9 +43,14 @@ def run(cmd: list[str], repo: Path, timeout: int = HANG_GUARD_S) -> str:
     return out
 
 
-def mlflow_runs(repo: Path) -> list:
+def mlflow_runs(repo: Path, parts: bool = False) -> list:
+    """The workspace's stage and pipeline runs; with ``parts``, the runs nested in a stage's run for one of the
+    models it trains (``posttrain.tracking.part_run``) instead."""
     from mlflow.tracking import MlflowClient
+
+    from posttrain.tracking import PART_TAG
 
     client = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow/mlflow.db")
     exp = client.get_experiment_by_name("posttrain")
-    return client.search_runs([exp.experiment_id], max_results=1000)
+    return [r for r in client.search_runs([exp.experiment_id], max_results=1000)
+            if (PART_TAG in r.data.tags) == parts]

@@ -165,6 +165,23 @@ def test_one_mlflow_run_per_stage_with_lineage(repro):
     assert "loss" in warmup.data.metrics and warmup.data.metrics["train_tokens_per_s"] > 0
 
 
+def test_a_stage_training_several_models_gives_each_a_nested_run(repro):
+    """sft trains three planners and train_rm two models: each Trainer's args and loss curve in a run of its own
+    under the stage's, so no param is logged twice with two values and no two models' losses share a key."""
+    repo, _ = repro
+    stages = {r.info.run_id: r for r in mlflow_runs(repo)}
+    parts = {}
+    for r in mlflow_runs(repo, parts=True):
+        parent = stages[r.data.tags["mlflow.parentRunId"]]
+        assert r.data.tags["posttrain.part_of"] == parent.data.tags["posttrain.stage"]
+        assert r.info.status == "FINISHED" and "loss" in r.data.metrics and "learning_rate" in r.data.params
+        parts.setdefault(r.data.tags["posttrain.part_of"], []).append(r.info.run_name)
+    assert sorted(parts["sft"]) == ["sft external", "sft internal", "sft vanilla"]
+    assert parts["train_rm"] == ["train_rm pointwise_rm"]
+    sft = next(r for r in stages.values() if r.data.tags["posttrain.stage"] == "sft").data.metrics
+    assert all(f"{planner}.final_loss" in sft for planner in ("internal", "external", "vanilla"))
+
+
 def test_second_repro_runs_nothing(repro):
     repo, _ = repro
     out = run(["dvc", "repro"], repo)

@@ -16,11 +16,11 @@ SMOKE = Path(__file__).resolve().parents[1] / "configs" / "params.smoke.yaml"
 KILLED_STAGE = """
 import os, signal, sys
 from posttrain.params import load_params
-from posttrain.tracking import stage_run
+from posttrain.tracking import part_run, stage_run
 params = load_params(sys.argv[1]).model_copy(update={{"tracking": load_params(sys.argv[1]).tracking.model_copy(
     update={{"uri": sys.argv[2], "artifact_root": sys.argv[3]}})}})
-with stage_run("warmup", params, sections=["seed"]) as run:
-    print(run.info.run_id, flush=True)
+with stage_run("warmup", params, sections=["seed"]) as run, part_run("model") as part:
+    print(run.info.run_id, part.info.run_id, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # as a machine dying mid-stage would
 """
 
@@ -31,9 +31,11 @@ def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path,
     done = subprocess.run([sys.executable, "-c", KILLED_STAGE.format(), str(SMOKE), uri, artifacts],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    killed_id = done.stdout.split()[0]
+    killed_id, killed_part_id = done.stdout.split()[:2]
     client = MlflowClient(tracking_uri=uri)
     assert client.get_run(killed_id).info.status == "RUNNING"  # nothing could end it
+    part = client.get_run(killed_part_id)
+    assert part.info.status == "RUNNING" and part.info.experiment_id == client.get_run(killed_id).info.experiment_id
 
     base = load_params(SMOKE)
     params = base.model_copy(update={"tracking": base.tracking.model_copy(update={"uri": uri, "artifact_root": artifacts})})
@@ -45,7 +47,8 @@ def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path,
         resumed_id = run.info.run_id
     killed = client.get_run(killed_id)
     assert killed.info.status == "FAILED" and killed.data.tags["posttrain.interrupted"] == "true"
-    assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == killed_id
+    assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == killed_id  # the stage's, not its part's
+    assert client.get_run(killed_part_id).info.status == "FAILED"
     assert client.get_run(resumed_id).info.status == "FINISHED"
     # tmp_path is no DVC repo: the run says its deps went unhashed, so checkpoint keys keep other keys' dirs
     assert client.get_run(resumed_id).data.tags["posttrain.dvc_hashes_missing"] == "true"
