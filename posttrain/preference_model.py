@@ -48,6 +48,14 @@ def pair_segments(question: str, a: str, b: str) -> list[str]:
             "\nWhich response is better?"]
 
 
+def reduce_variance(v_ab: torch.Tensor, v_ba: torch.Tensor, reduce: str) -> torch.Tensor:
+    """A pair's variance from both orders' (``rlhf.uncertainty_reduce``): their mean or max. Either uncertainty
+    score grows with var at a given |g|, so the max of both orders' u is the u of the max variance."""
+    if reduce not in ("mean", "max"):
+        raise ValueError(f"unknown reduce {reduce!r}; expected mean or max")
+    return (v_ab + v_ba) / 2 if reduce == "mean" else torch.maximum(v_ab, v_ba)
+
+
 class PreferenceModel(nn.Module):
     """Backbone (a causal LM's transformer) + an uncertainty head.
 
@@ -139,16 +147,21 @@ class PreferenceModel(nn.Module):
         self.head.finalize()
 
     @torch.no_grad()
-    def score(self, triples: list[tuple[str, str, str]], batch_size: int = 64,
-              reduce: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
-        """Antisymmetrised (g, var) for (question, A, B): g = (s(A,B) - s(B,A)) / 2, var = the mean or the max of
-        both orders' variances (``rlhf.uncertainty_reduce``). Either uncertainty score grows with var at a given
-        |g|, so the max of both orders' u is the u of the max variance."""
+    def score_orders(self, triples: list[tuple[str, str, str]],
+                     batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(g, var_ab, var_ba) for (question, A, B): the antisymmetrised g = (s(A,B) - s(B,A)) / 2 and each order's
+        variance."""
         g_ab, v_ab = self.head.predict(self.features(triples, batch_size))
         g_ba, v_ba = self.head.predict(self.features([(q, b, a) for q, a, b in triples], batch_size))
-        if reduce not in ("mean", "max"):
-            raise ValueError(f"unknown reduce {reduce!r}; expected mean or max")
-        return (g_ab - g_ba) / 2, (v_ab + v_ba) / 2 if reduce == "mean" else torch.maximum(v_ab, v_ba)
+        return (g_ab - g_ba) / 2, v_ab, v_ba
+
+    @torch.no_grad()
+    def score(self, triples: list[tuple[str, str, str]], batch_size: int = 64,
+              reduce: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+        """Antisymmetrised (g, var) for (question, A, B): var = the mean or the max of both orders' variances
+        (``rlhf.uncertainty_reduce``; see ``reduce_variance``)."""
+        g, v_ab, v_ba = self.score_orders(triples, batch_size)
+        return g, reduce_variance(v_ab, v_ba, reduce)
 
     def uncertainty(self, g: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """The routing uncertainty of scored pairs (``train_rm.uncertainty_score``; see ``pair_uncertainty``)."""

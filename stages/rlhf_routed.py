@@ -27,7 +27,7 @@ from posttrain.jsonl import read_jsonl
 from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
 from posttrain.judge_server import judge_endpoint
 from posttrain.params import load_params
-from posttrain.preference_model import PreferenceModel
+from posttrain.preference_model import PreferenceModel, reduce_variance
 from posttrain.policy_accuracy import own_choice_accuracy
 from posttrain.process_group import is_main_process
 from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy
@@ -41,11 +41,15 @@ REPORTS, METRICS = Path("reports/routing"), Path("reports/metrics/rlhf_routed.js
 CHECKPOINTS = Path("checkpoints/rlhf_routed")
 
 
-def evaluate_routing(client: JudgeClient, pm: PreferenceModel, budgets: list[float], n_seeds: int) -> tuple[list, dict]:
+def evaluate_routing(client: JudgeClient, pm: PreferenceModel, budgets: list[float], n_seeds: int,
+                     reduce: str) -> tuple[list, dict]:
+    """The routing curve from train_rm's benchmark scores, each pair's u from both orders' variances as training
+    reduces them (``rlhf.uncertainty_reduce``)."""
     bench, scores = read_jsonl(BENCH), read_jsonl(SCORES)
     decisive = [(p, s) for p, s in zip(bench, scores, strict=True) if p["label"] != "tie"]
     g = torch.tensor([s["g"] for _, s in decisive])
-    u = pm.uncertainty(g, torch.tensor([s["var"] for _, s in decisive]))
+    var = reduce_variance(*(torch.tensor([s[k] for _, s in decisive]) for k in ("var_ab", "var_ba")), reduce)
+    u = pm.uncertainty(g, var)
     verdicts = client.judge([(p["question"], p["a"], p["b"]) for p, _ in decisive])
     rows = routing_curve([p["label"] for p, _ in decisive], g, u, verdicts, budgets, list(range(n_seeds)))
     return rows, {"n_pairs": len(decisive), **summarize_curve(rows)}
@@ -53,7 +57,7 @@ def evaluate_routing(client: JudgeClient, pm: PreferenceModel, budgets: list[flo
 
 def routing_report(client: JudgeClient, pm: PreferenceModel, cfg) -> dict:
     """The routing curve on the benchmark into ``REPORTS`` (plot and table) and MLflow; returns its summary."""
-    rows, summary = evaluate_routing(client, pm, cfg.eval_budgets, cfg.eval_seeds)
+    rows, summary = evaluate_routing(client, pm, cfg.eval_budgets, cfg.eval_seeds, cfg.uncertainty_reduce)
     with atomic_dir(REPORTS) as tmp:
         plot_curve(rows, tmp / "routing_curve.png",
                    f"Routing on the preference benchmark ({summary['n_pairs']} decisive pairs)")

@@ -10,7 +10,8 @@ measured on the held-out preference benchmark.
 3. Benchmark (data/preference_benchmark/pairs.jsonl): accuracy, ECE raw vs calibrated (g vs g/u), Spearman
    correlation between uncertainty and correctness, accuracy per uncertainty decile, per difficulty, and how
    close to 0.5 the PM stays on tie pairs; PM throughput in pairs/s. Written to reports/metrics/train_rm.json,
-   reports/rm/*.png (reliability diagram, accuracy by uncertainty decile) and MLflow.
+   reports/rm/*.png (reliability diagram, accuracy by uncertainty decile) and MLflow; each benchmark pair's g and
+   variances (mean, and each order's, for ``rlhf_routed``'s routing curve) in reports/rm/benchmark_scores.jsonl.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from posttrain.curves import CURVE_DIR
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
+from posttrain.preference_model import reduce_variance
 from posttrain.preference_training import pointwise_scores, train_pointwise_rm, train_preference_model
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
@@ -125,7 +127,8 @@ def main() -> None:
         # 3. the benchmark
         triples = [(p["question"], p["a"], p["b"]) for p in bench]
         start = time.perf_counter()
-        g, var = pm.score(triples, cfg.eval_batch_size)
+        g, var_ab, var_ba = pm.score_orders(triples, cfg.eval_batch_size)
+        var = reduce_variance(var_ab, var_ba, "mean")  # the PM's own report; routing reduces as rlhf says
         pairs_per_s = len(triples) / (time.perf_counter() - start)
         r_a = pointwise_scores(rm, rm_tok, [(p["question"], p["a"]) for p in bench], cfg.max_response_tokens,
                                cfg.eval_batch_size)
@@ -142,8 +145,9 @@ def main() -> None:
             (tmp / "curves.json").write_text(json.dumps(curves, indent=1))
             (tmp / "benchmark_scores.jsonl").write_text("".join(
                 json.dumps({"id": p["id"], "kind": p["kind"], "label": p["label"], "g": gi, "var": vi,
-                            "pointwise_margin": a - b}) + "\n"
-                for p, gi, vi, a, b in zip(bench, g.tolist(), var.tolist(), r_a, r_b)))
+                            "var_ab": v1, "var_ba": v2, "pointwise_margin": a - b}) + "\n"
+                for p, gi, vi, v1, v2, a, b in zip(bench, g.tolist(), var.tolist(), var_ab.tolist(), var_ba.tolist(),
+                                                   r_a, r_b)))
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(metrics, "train_rm.json")

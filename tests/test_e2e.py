@@ -114,6 +114,8 @@ def test_rlhf_routed_writes_the_routing_curve_and_a_policy(repro):
         "0.0", "0.05", "0.1", "0.2", "0.4", "1.0"}
     assert routing["budgets"]["1.0"]["uncertainty"] == routing["judge_only"]
     assert (repo / "reports/routing/routing_curve.png").stat().st_size > 1000
+    for row in map(json.loads, (repo / "reports/rm/benchmark_scores.jsonl").read_text().splitlines()):
+        assert row["var"] == pytest.approx((row["var_ab"] + row["var_ba"]) / 2)  # what the curve reduces from
     assert metrics["judge_calls"] > 0 and metrics["judge_cost"] > 0 and 0 < metrics["routed_fraction"] <= 1
     assert (repo / "models/rlhf/config.json").is_file() and "rlhf_routed: test accuracy" in out
     assert "dev_accuracy" in mlflow_runs_by_stage(repo)["rlhf_routed"].data.metrics

@@ -357,3 +357,27 @@ def test_a_verdict_bought_for_one_copy_serves_every_copy_under_route_unit_pair()
     assert reward.totals["routed"] == 2 and reward.totals["judged_comparisons"] == 2
     assert reward.totals["judge_verdicts"] == 2 and reward.totals["shared_verdicts"] == 1
     assert metrics["routing/routed_fraction"] == pytest.approx(2 / 6)
+
+
+def test_the_routing_curve_reduces_both_orders_variances_as_training_does(tmp_path, monkeypatch):
+    """rlhf.uncertainty_reduce max routes the pair whose worse order is most uncertain; the benchmark's curve must
+    rank pairs the same way, from both orders' variances (train_rm's benchmark_scores.jsonl), not their mean."""
+    import json
+
+    import stages.rlhf_routed as stage
+
+    # pair 0: mean 0.5, max 0.9 (the PM is wrong on it); pair 1: mean 0.6, max 0.6 (the PM is right)
+    bench = [{"question": "q0", "a": "x", "b": "y", "label": "B"}, {"question": "q1", "a": "x", "b": "y", "label": "A"}]
+    scores = [{"g": 1.0, "var_ab": 0.9, "var_ba": 0.1}, {"g": 1.0, "var_ab": 0.6, "var_ba": 0.6}]
+    for name, rows in (("bench.jsonl", bench), ("scores.jsonl", scores)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(stage, "BENCH", tmp_path / "bench.jsonl")
+    monkeypatch.setattr(stage, "SCORES", tmp_path / "scores.jsonl")
+    judge = type("Judge", (), {"judge": lambda self, triples: ["B", "A"]})()
+    pm = type("PM", (), {"uncertainty": lambda self, g, var: var})()
+
+    at_half = {}
+    for reduce in ("mean", "max"):
+        rows, _ = stage.evaluate_routing(judge, pm, [0.5], n_seeds=1, reduce=reduce)
+        at_half[reduce] = next(r["accuracy"] for r in rows if r["policy"] == "uncertainty_budget")
+    assert at_half == {"mean": 0.5, "max": 1.0}
