@@ -225,3 +225,32 @@ def test_the_report_draws_the_training_curves_from_the_curve_files_without_mlflo
     assert [line.get_label() for line in sft.lines] == ["internal", "vanilla"]
     assert rlhf.lines[0].get_ydata().tolist() == [0.5, 0.55] and rlvr.lines[0].get_ydata().tolist() == [0.25, 0.5]
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_a_report_that_fails_midway_leaves_the_last_one_whole_and_a_new_one_has_no_stale_file(tmp_path, monkeypatch):
+    import shutil
+
+    import stages.report as report
+
+    root = Path(__file__).resolve().parents[1]
+    for part in ("reports/metrics", "reports/curves"):  # the committed run's metrics and curves
+        shutil.copytree(root / part, tmp_path / part)
+    monkeypatch.chdir(tmp_path)
+    report.write_report()
+    first = {p.name: p.read_bytes() for p in (tmp_path / "reports/report").iterdir()}
+    assert "accuracy_by_stage.png" in first and "training_curves.png" in first
+    (tmp_path / "reports/report/stale.csv").write_text("a section an earlier run had")
+
+    def fail(path):
+        raise RuntimeError("killed while drawing the curves")
+
+    monkeypatch.setattr(report, "training_curves", fail)
+    with pytest.raises(RuntimeError):
+        report.write_report()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "reports/report").iterdir()} == {
+        **first, "stale.csv": b"a section an earlier run had"}
+    assert not [p for p in (tmp_path / "reports").iterdir() if p.name.startswith(".")]  # no temporary left
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    report.write_report()
+    assert sorted(p.name for p in (tmp_path / "reports/report").iterdir()) == sorted(first)
