@@ -151,13 +151,13 @@ def available_layers() -> frozenset[str]:
     """The layers this kernel applies, probed once per process: each confines a child that only starts Python."""
     if sys.platform != "linux":
         return frozenset()
-    layers = set()
+    layers, read_roots, cwd = set(), system_read_roots(), os.getcwd()  # listed here, not between fork and exec
     candidates = (["namespaces"] + ["landlock"] * (landlock_abi() >= 1)
                   + ["seccomp"] * (platform.machine() in _SECCOMP_ARCH))
     for layer in candidates:
         try:
             subprocess.run([interpreter(), "-I", "-S", "-c", "pass"], check=True, capture_output=True, timeout=60,
-                           preexec_fn=lambda layer=layer: confine(system_read_roots(), os.getcwd(), frozenset([layer])))
+                           preexec_fn=lambda layer=layer: confine(read_roots, cwd, frozenset([layer])))
             layers.add(layer)
         except (subprocess.SubprocessError, OSError):
             pass

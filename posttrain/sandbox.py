@@ -118,7 +118,8 @@ def sandbox_limits(cfg) -> SandboxLimits:
 
 
 def _limit_child(limits: SandboxLimits, tmp: str):
-    layers = available_layers()  # probed here, in the parent: the child only applies them
+    # probed and listed here, in the parent: between fork and exec the child only applies them
+    layers, read_roots = available_layers(), system_read_roots()
 
     def apply() -> None:
         os.setsid()  # own process group, so a timeout kills everything it started
@@ -128,7 +129,7 @@ def _limit_child(limits: SandboxLimits, tmp: str):
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, 1024 * 1024))
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        confine(system_read_roots(), tmp, layers)
+        confine(read_roots, tmp, layers)
 
     return apply
 
