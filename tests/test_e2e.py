@@ -168,8 +168,9 @@ def test_one_mlflow_run_per_stage_with_lineage(repro):
 
 
 def test_a_stage_training_several_models_gives_each_a_nested_run(repro):
-    """sft trains three planners and train_rm two models: each Trainer's args and loss curve in a run of its own
-    under the stage's, so no param is logged twice with two values and no two models' losses share a key."""
+    """train_rm's pointwise RM trains in a run of its own under the stage's, in the same experiment (it landed in
+    MLflow's Default experiment). (The smoke search keeps no question, so sft trains nothing here; its three
+    planners' runs are tests/test_sft_stage.py's.)"""
     repo, _ = repro
     stages = {r.info.run_id: r for r in mlflow_runs(repo)}
     parts = {}
@@ -178,10 +179,7 @@ def test_a_stage_training_several_models_gives_each_a_nested_run(repro):
         assert r.data.tags["posttrain.part_of"] == parent.data.tags["posttrain.stage"]
         assert r.info.status == "FINISHED" and "loss" in r.data.metrics and "learning_rate" in r.data.params
         parts.setdefault(r.data.tags["posttrain.part_of"], []).append(r.info.run_name)
-    assert sorted(parts["sft"]) == ["sft external", "sft internal", "sft vanilla"]
-    assert parts["train_rm"] == ["train_rm pointwise_rm"]
-    sft = next(r for r in stages.values() if r.data.tags["posttrain.stage"] == "sft").data.metrics
-    assert all(f"{planner}.final_loss" in sft for planner in ("internal", "external", "vanilla"))
+    assert parts == {"train_rm": ["train_rm pointwise_rm"]}
 
 
 def test_second_repro_runs_nothing(repro):
