@@ -23,7 +23,8 @@ from pydantic import BaseModel
 from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 
-from posttrain.tracking import HASHES_MISSING_TAG
+from posttrain.process_group import world_size
+from posttrain.tracking import HASHES_MISSING_TAG, PART_TAG
 
 
 # how many processes do a stage's work, not what they compute: left out of a resume key, so lowering them after
@@ -45,7 +46,8 @@ def result_params(params, sections: tuple[str, ...]) -> dict:
 def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
     """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
     checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's
-    deps (the ``dvc.dep.*`` tags ``stage_run`` put on the MLflow run; code included, no file is read again);
+    deps (the ``dvc.dep.*`` tags ``stage_run`` put on the stage's MLflow run, also read inside a ``part_run``; code
+    included, no file is read again);
     elsewhere the bytes of ``key_files`` (a directory: every file).
 
     Checkpoints outlive a successful run: a kill after the stage finished but before DVC recorded its outputs
@@ -55,9 +57,14 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
     the real one."""
     run = mlflow.active_run()
     tags = run.data.tags if run is not None else {}
+    if PART_TAG in tags:  # a run for one of the stage's models (part_run): its stage's run holds the deps' hashes
+        tags = mlflow.get_run(tags["mlflow.parentRunId"]).data.tags
     deps = {k: v for k, v in tags.items() if k.startswith("dvc.dep.")}
     config = cfg if isinstance(cfg, dict) else cfg.model_dump()
-    h = hashlib.sha256(json.dumps([seed, config, deps], sort_keys=True).encode())
+    # the number of processes sets the global batch, and DeepSpeed refuses ZeRO states saved by another number (a
+    # single process's key stays as it was)
+    processes = [world_size()] if world_size() > 1 else []
+    h = hashlib.sha256(json.dumps([seed, config, deps, *processes], sort_keys=True).encode())
     for path in [] if deps else key_files:
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file():
@@ -101,8 +108,10 @@ def is_damaged(path: Path) -> bool:
 
 
 def damaged_files(checkpoint: Path) -> list[str]:
-    """Names of the weight and state files in ``checkpoint`` that are cut short or unreadable."""
-    return [p.name for p in sorted(checkpoint.iterdir()) if p.suffix in WEIGHT_SUFFIXES and is_damaged(p)]
+    """Paths (relative to ``checkpoint``) of the weight and state files in it that are cut short or unreadable,
+    subdirectories included: DeepSpeed keeps its optimizer and model states in ``global_step<n>/``."""
+    return [str(p.relative_to(checkpoint)) for p in sorted(checkpoint.rglob("*"))
+            if p.suffix in WEIGHT_SUFFIXES and p.is_file() and is_damaged(p)]
 
 
 def is_complete(checkpoint: Path, marker: str = TRAINER_STATE_NAME) -> bool:

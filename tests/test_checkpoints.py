@@ -46,6 +46,23 @@ def test_a_checkpoint_with_a_damaged_file_is_skipped_with_a_warning(tmp_path, da
         assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
 
 
+def test_a_deepspeed_checkpoint_with_a_damaged_optimizer_shard_is_skipped(tmp_path):
+    """Under DeepSpeed the optimizer states are in checkpoint-<n>/global_step<n>/; a cut shard there was not looked
+    at, and the resume crashed in DeepSpeed's torch.load instead of going back to the checkpoint before."""
+    for step in (10, 20):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        (checkpoint / f"global_step{step}").mkdir(parents=True)
+        write_weights(checkpoint)
+        shard = checkpoint / f"global_step{step}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        torch.save({"state": torch.zeros(64)}, shard)
+        (checkpoint / "latest").write_text(f"global_step{step}")
+        (checkpoint / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    shard = tmp_path / "checkpoint-20" / "global_step20" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.warns(UserWarning, match="checkpoint-20: damaged global_step20/zero_pp_rank_0"):
+        assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
 def test_checkpoint_dir_keys_on_inputs_and_removes_the_stale_ones(tmp_path):
     from pydantic import BaseModel
 
@@ -65,6 +82,20 @@ def test_checkpoint_dir_keys_on_inputs_and_removes_the_stale_ones(tmp_path):
     assert claim_checkpoint_dir(root, {"lr": 0.2}, 0, [data]) not in (first, second)
 
 
+def test_a_resume_under_another_number_of_processes_starts_afresh(tmp_path, monkeypatch):
+    """A run killed on 2 ranks and run again on 1 (or 8 GPUs, then 4) resumed the same checkpoints: another global
+    batch from the middle on, and under DeepSpeed a crash (ZeRO states cannot be loaded by another world size)."""
+    from posttrain.checkpoints import claim_checkpoint_dir
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("a\n")
+    alone = claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) == alone
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != alone
+
+
 def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
     import mlflow
 
@@ -81,6 +112,34 @@ def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
             assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) == first
         with mlflow.start_run(tags={"dvc.dep.models/sft": "aaa", "dvc.dep.stages/x.py": "ccc"}):  # code changed
             assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != first
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+def test_inside_a_part_run_the_key_is_still_the_stages_dvc_hashes(tmp_path):
+    """sft trains each planner in a part_run, whose tags held no dvc.dep.*: the key fell back to the input files'
+    bytes, so after a code change the stage resumed the old code's final checkpoint and saved the old model."""
+    import mlflow
+
+    from posttrain.checkpoints import claim_checkpoint_dir
+    from posttrain.tracking import part_run
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        data = tmp_path / "model.bin"
+        data.write_bytes(b"weights")
+        keys = []
+        for code in ("bbb", "ccc"):  # stages/sft.py changed, the inputs did not
+            with mlflow.start_run(tags={"posttrain.stage": "sft", "dvc.dep.stages/sft.py": code}), part_run("internal"):
+                keys.append(claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]))
+        assert keys[0] != keys[1]
+        (keys[1] / "checkpoint-4").mkdir(parents=True)
+        # DVC could not hash the deps: the fallback key must keep the DVC-keyed checkpoints here too
+        with mlflow.start_run(tags={"posttrain.stage": "sft", "posttrain.dvc_hashes_missing": "true"}), \
+                part_run("internal"), pytest.warns(UserWarning, match="no DVC hashes"):
+            claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data])
+        assert (keys[1] / "checkpoint-4").is_dir()
     finally:
         mlflow.set_tracking_uri(before)
 
