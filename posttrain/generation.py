@@ -55,16 +55,21 @@ class HFGenerator:
         plain = {"top_k": 0, "top_p": 1.0, "min_p": None, "repetition_penalty": 1.0}
         sampling = {"do_sample": True, "temperature": temperature, **plain} if temperature > 0 else \
             {"do_sample": False, "repetition_penalty": 1.0}
+        # vLLM stops at the tokenizer's EOS and at every EOS of the model's generation_config (a hub chat model's
+        # end of turn, e.g. Gemma's <end_of_turn>): so does this engine
+        config_eos = self.model.generation_config.eos_token_id
+        config_eos = config_eos if isinstance(config_eos, list) else [config_eos]
+        stop_ids = [t for t in dict.fromkeys([tok.eos_token_id, *config_eos]) if t is not None]
         for start in tqdm(range(0, len(order), self.batch_size), desc=desc, unit="batch", disable=not progress):
             idx = order[start:start + self.batch_size]
             batch = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
             generated = self.model.generate(
                 **batch, max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id, **sampling,
+                eos_token_id=stop_ids, **sampling,
             )[:, batch["input_ids"].shape[1]:]
             for row, i in zip(generated, idx):
                 ids = row.tolist()
-                n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
+                n = next((k + 1 for k, t in enumerate(ids) if t in stop_ids), len(ids))
                 out[i] = Completion(tok.decode(ids[:n], skip_special_tokens=True), n)
         return out  # type: ignore[return-value]
 

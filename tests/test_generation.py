@@ -94,3 +94,20 @@ def test_vllm_gets_one_seed_per_prompt_so_a_repeated_prompt_is_sampled_afresh(mo
     first, retry = [p.seed for p in given[0]], [p.seed for p in given[1]]
     assert len(set(first)) == 4 and not set(first) & set(retry)  # seed + i gave the retry 3 of the first's seeds
     assert [p.seed for p in given[2]] == [None, None]
+
+
+def test_hf_stops_at_every_eos_of_the_generation_config_as_vllm_does(tmp_path):
+    """vLLM stops at the tokenizer's EOS and at every eos_token_id of the model's generation_config (a hub chat
+    model's end of turn); HF generate was handed the tokenizer's alone and ran on past the others."""
+    tiny = tiny_scratch_model(tmp_path / "m", n_problems=6, seed=1)
+    prompts = [prompt(p.question) for p in tiny.problems]
+    batch = tiny.tok(prompts[:1], return_tensors="pt", add_special_tokens=False)
+    generated = tiny.model.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tiny.tok.pad_token_id)
+    ids = generated[0, batch["input_ids"].shape[1]:].tolist()
+    end_of_turn = ids[2]
+    assert tiny.tok.eos_token_id not in ids[:3]
+    tiny.model.generation_config.eos_token_id = [tiny.tok.eos_token_id, end_of_turn]
+    generator = HFGenerator(tiny.model, tiny.tok, batch_size=1, max_new_tokens=12)
+    completion = generator.generate(prompts[:1], progress=False)[0]
+    assert completion.n_tokens == ids.index(end_of_turn) + 1
+    assert completion.text == tiny.tok.decode(ids[:completion.n_tokens], skip_special_tokens=True)
