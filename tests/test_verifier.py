@@ -31,3 +31,15 @@ def test_is_correct():
     assert not is_correct("Answer: 10", 11)
     assert not is_correct("no answer here", 0)
     assert is_correct("answer: 1,000.", 1000)
+
+
+@pytest.mark.parametrize("text", ["Answer: 3/4", "Answer: 1,2", "Answer: 1,00", "Answer: 1e5", "Answer: 0x1F",
+                                  "Answer: 3.0.1", "Answer: 10^3", "\\boxed{3/4}"])
+def test_a_number_that_goes_on_is_not_read_as_its_first_digits(text):
+    # "Answer: 3/4" was judged right for 3, "Answer: 1,2" for 12
+    assert extract_answer(text) is None
+
+
+def test_thousands_separators_and_a_bold_label_still_read():
+    assert extract_answer("Answer: 12,345,678, done") == 12345678
+    assert extract_answer("**Answer**: 42") == 42  # was None: a right answer judged wrong

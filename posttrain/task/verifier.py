@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import re
 
-_NUMBER = r"[-+\u2212]?\d[\d,]*(?:\.\d+)?"
+# Commas only as thousands separators, and the number must end there: "1,2", "3/4", "1e5" or "3.0.1" is not the
+# integer its first digits spell.
+_NUMBER = r"[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w/^]|[.,]\d)"
 _PATTERNS = [
-    re.compile(r"answer\s*(?:is)?\s*[:=]?\s*\**\s*(?:is\s*)?\$?\s*(" + _NUMBER + r")", re.IGNORECASE),
+    re.compile(r"answer\s*\**\s*(?:is)?\s*[:=]?\s*\**\s*(?:is\s*)?\$?\s*(" + _NUMBER + r")", re.IGNORECASE),
     re.compile(r"\\boxed\{\s*(" + _NUMBER + r")\s*\}"),
 ]
 
