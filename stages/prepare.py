@@ -78,8 +78,9 @@ def split_pool(pool: list[Problem], sizes: dict[str, int]) -> dict[str, list[dic
 
 
 def problem_key(p: Problem) -> tuple:
-    """What the question asks, whatever its wording: the start value and the steps."""
-    return p.start, tuple((s.op, s.operand, s.repeat) for s in p.steps)
+    """What the question asks, whatever its wording: the start value and the steps. A net-zero repeated block is
+    wording too: its question restated (``rewrite``) is the problem without it, with the same answer."""
+    return p.start, tuple((s.op, s.operand) for s in p.steps if not s.repeat)
 
 
 def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str, list[dict]]:

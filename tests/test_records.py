@@ -82,6 +82,23 @@ def test_synthetic_splits_share_nothing(profile):
     assert [len(splits[s]) for s in ("train", "dev", "test")] == [p.prepare.n_train, p.prepare.n_dev, p.prepare.n_test]
 
 
+@pytest.mark.parametrize("profile", ["configs/params.smoke.yaml", "params.yaml"])
+def test_no_dev_or_test_question_is_a_train_problem_padded_with_a_net_zero_block(profile):
+    # "Start with 23. Multiply the result by 2. Add 4, then subtract 4, and repeat this 10 times. Divide by 2." in test
+    # restates as train's "Compute (23 * 2) / 2.": 17 of the default test split's 240 were such train problems
+    from posttrain.task.arithmetic import Problem
+
+    p = load_params(profile)
+    splits = synthetic_splits(p.task, p.prepare, p.seed)
+
+    def clean(r):
+        q = Problem.from_fields(r).without_repeats()
+        return q.start, q.steps
+
+    train, dev, test = ({clean(r) for r in splits[s]} for s in ("train", "dev", "test"))
+    assert not train & dev and not train & test and not dev & test
+
+
 DOMAIN = {"form": "expression", "start": 1, "steps": [["add", 1]]}  # what the default pipeline renders from
 
 
