@@ -64,17 +64,15 @@ class SweepSpec(BaseModel, extra="forbid"):
 
 
 def load_sweep(path: str | Path, dvc_yaml: str | Path = "dvc.yaml") -> SweepSpec:
-    """Read and validate a sweep file before anything runs: every grid value must make valid params, every target
+    """Read and validate a sweep file before anything runs: every variant must make valid params, every target
     and metric stage must be a stage of ``dvc_yaml`` (a metric's stage one the variants re-run), and a metric key
     must be in its stage's metrics file where an earlier run wrote one."""
     try:
         spec = SweepSpec.model_validate(read_yaml(Path(path).read_text(encoding="utf-8")))  # as params.yaml is read
     except (OSError, YAMLError, ValueError) as e:
         raise ParamsError(f"{path}: {e}") from None
-    first = {key: values[0] for key, values in spec.grid.items()}
-    for key, values in spec.grid.items():
-        for value in values:  # one key at a time at each of its values, the others at their first
-            with_overrides("params.yaml", {**first, key: value}, out=None)  # raises naming a bad key or value
+    for overrides in variants(spec):  # every combination: a check across keys (heads divide width) fails in some only
+        with_overrides("params.yaml", overrides, out=None)  # raises naming a bad key or value
     stages = list(yaml.safe_load(Path(dvc_yaml).read_text(encoding="utf-8"))["stages"])
     for target in spec.targets:
         if target not in stages:
@@ -117,11 +115,13 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return json.dumps(value)
+        return repr(value)  # inf and nan as Hydra reads them (json's Infinity and NaN are strings to it)
     if isinstance(value, list):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    # the grammar's escapes: a quote takes a backslash, and backslashes are doubled before a quote or the end
-    return "'" + re.sub(r"(\\*)('|\Z)", lambda m: 2 * m[1] + ("\\'" if m[2] else ""), value) + "'"
+    # the grammar's escapes: a quote and an interpolation's ${ take a backslash (a quoted '${x}' is still resolved),
+    # and backslashes are doubled before them or the end
+    escaped = {"'": "\\'", "${": "\\${", "": ""}
+    return "'" + re.sub(r"(\\*)('|\$\{|\Z)", lambda m: 2 * m[1] + escaped[m[2]], value) + "'"
 
 
 def set_param_args(overrides: dict[str, Any]) -> list[str]:
@@ -186,7 +186,9 @@ def write_report(spec: SweepSpec, rows: list[dict], planned: int) -> Path:
     fig.tight_layout()
     fig.savefig(OUT / f"{spec.name}.png", dpi=110)
     plt.close(fig)
-    done = f"{len(rows)} variants" if len(rows) == planned else f"{len(rows)} of {planned} variants (the rest failed)"
+    # variants run in order and the first failure stops the sweep: the rest did not fail, they never ran
+    done = (f"{len(rows)} variants" if len(rows) == planned
+            else f"{len(rows)} of {planned} variants (the sweep stopped at {spec.name}-{len(rows)})")
     md = [f"# Sweep `{spec.name}`\n", f"{done} of {', '.join(spec.grid)}; stages "
           f"{', '.join(spec.targets) or 'all'}. MLflow: filter `tags.\"posttrain.sweep\" = '{spec.name}'`.\n",
           "## Mean and spread over seeds\n", summary.to_markdown(index=False, floatfmt=".4f"),

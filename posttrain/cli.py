@@ -27,9 +27,11 @@ def serve_judge(port: int) -> int:
     from posttrain.judge_server import JudgeService, build_app, hf_backend, verifier_backend
 
     cfg = load_params().judge
-    records = [json.loads(line) for split in ("train", "dev", "test")
-               for line in Path(f"data/prepared/{split}.jsonl").read_text(encoding="utf-8").splitlines()]
-    judge = verifier_backend(records) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
+    if cfg.backend == "verifier":  # only it reads the task's records: an hf judge serves before prepare has run
+        judge = verifier_backend([json.loads(line) for split in ("train", "dev", "test") for line in
+                                  Path(f"data/prepared/{split}.jsonl").read_text(encoding="utf-8").splitlines()])
+    else:
+        judge = hf_backend(cfg.hf_model)
     with JudgeService(build_app(judge, cfg.model, cfg.latency_s, cfg.faults), port=port) as svc:
         print(f"judge ({cfg.backend} backend, model name {cfg.model!r}) on {svc.base_url}; Ctrl-C stops it")
         try:

@@ -38,6 +38,8 @@ def test_a_sweep_metric_without_its_stage_is_refused_when_the_file_is_read(tmp_p
     ({"targets": ["rlvr_ar3po"], "metrics": ["evaluate:accuracy"]}, "not among the targets"),
     ({"metrics": ["rlvr_ar3po:rlvr_test.acuracy"]}, "no key 'acuracy' at rlvr_test"),  # read None for every variant
     ({"targets": ["rlvr"]}, "target 'rlvr' is not a stage"),
+    # each value is valid with the others' first, but 6 heads do not divide 200: it failed at the last variant
+    ({"grid": {"model.hidden_size": [192, 200], "model.num_heads": [4, 6]}}, r"num_heads \(6\).*hidden_size \(200\)"),
 ])
 def test_a_sweep_is_checked_whole_before_any_variant_runs(tmp_path, monkeypatch, sweep, error):
     root = Path(__file__).resolve().parents[1]
@@ -77,6 +79,28 @@ def test_sweep_values_reach_params_yaml_through_dvc_set_param_unchanged(tmp_path
         assert got == value and type(got) is type(value), dotted
 
 
+def test_sweep_values_with_an_interpolation_or_an_infinity_reach_params_yaml_unchanged(tmp_path):
+    """Hydra resolved '${x}' inside quotes (the variant failed: 'Interpolation key not found') and read json's
+    Infinity as a string."""
+    import math
+
+    from dvc.utils.hydra import apply_overrides
+
+    from flows.sweep import set_param_args
+    from posttrain.params import read_yaml
+
+    overrides = {"judge.criteria": "Cost in ${usd}, \\${x} and $ {y}'", "judge.model": "${",
+                 "rlhf.budget": float("inf"), "rlhf.kl_beta": float("-inf"), "warmup.learning_rate": float("nan")}
+    path = tmp_path / "params.yaml"
+    path.write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    apply_overrides(path, set_param_args(overrides)[1::2])
+    raw = read_yaml(path.read_text())
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".")
+        got = raw[section][key]
+        assert type(got) is type(value) and (got == value or math.isnan(value) and math.isnan(got)), dotted
+
+
 def test_a_sweep_report_groups_list_values_and_says_how_many_variants_ran(tmp_path, monkeypatch):
     import flows.sweep as sweep
 
@@ -86,7 +110,8 @@ def test_a_sweep_report_groups_list_values_and_says_how_many_variants_ran(tmp_pa
             for i, (f, s) in enumerate([("cot", 0), ("cot", 1), ("pot", 0)])]
     monkeypatch.setattr(sweep, "OUT", tmp_path)
     report = sweep.write_report(spec, rows, planned=4).read_text()
-    assert "3 of 4 variants (the rest failed)" in report and '["pot"]' in report
+    # fmt-3 failed (or was stopped) and none after it ran: it was '(the rest failed)'
+    assert "3 of 4 variants (the sweep stopped at fmt-3)" in report and '["pot"]' in report
 
 
 def test_a_null_grid_value_keeps_its_row_in_the_summary():
@@ -254,3 +279,32 @@ def test_a_report_that_fails_midway_leaves_the_last_one_whole_and_a_new_one_has_
     monkeypatch.chdir(tmp_path)
     report.write_report()
     assert sorted(p.name for p in (tmp_path / "reports/report").iterdir()) == sorted(first)
+
+
+def test_judge_serve_with_the_hf_backend_needs_no_prepared_data(tmp_path, monkeypatch, capsys):
+    import contextlib
+    import time
+
+    import posttrain.judge_server as judge_server
+    from posttrain.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["judge"]["backend"] = "hf"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)  # no data/prepared: was FileNotFoundError data/prepared/train.jsonl
+    monkeypatch.setattr(judge_server, "hf_backend", lambda model_dir: "hf judge of " + model_dir)
+    served = []
+
+    @contextlib.contextmanager
+    def service(app, port):
+        served.append(port)
+        yield type("Service", (), {"base_url": f"http://127.0.0.1:{port}/v1"})
+
+    def ctrl_c(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(judge_server, "JudgeService", service)
+    monkeypatch.setattr(judge_server, "build_app", lambda judge, *args: judge)
+    monkeypatch.setattr(time, "sleep", ctrl_c)
+    assert main(["judge", "serve", "--port", "8123"]) == 0 and served == [8123]
+    assert "judge (hf backend" in capsys.readouterr().out
