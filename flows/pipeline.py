@@ -54,8 +54,10 @@ def run_stage(name: str, parent_run_id: str) -> dict:
     output = run_dvc(["repro", "--single-item", name], {PARENT_ENV: parent_run_id},
                      lambda line: logger.info("%s | %s", name, line), what=f"stage {name}")
     seconds = time.perf_counter() - start
-    skipped = "didn't change, skipping" in output
-    logger.info("%s: %s in %.1f s", name, "unchanged, skipped" if skipped else "ran", seconds)
+    restored = "is cached - skipping run" in output  # DVC's run cache had this stage's outputs: checked out, not run
+    skipped = restored or "didn't change, skipping" in output
+    logger.info("%s: %s in %.1f s", name, "restored from DVC's run cache" if restored
+                else "unchanged, skipped" if skipped else "ran", seconds)
     return {"stage": name, "ran": not skipped, "seconds": round(seconds, 2)}
 
 

@@ -44,7 +44,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, result_params, save_trained
 from posttrain.curves import TrainingCurve
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
@@ -330,9 +330,8 @@ def train_routed_policy(policy: str, reward: RoutedPairwiseReward, train: list[d
     dataset = Dataset.from_list([{"prompt": open_prompt(r["question"]), "question": r["question"]} for r in train])
     state_cb = RoutingStateCallback(reward)
     # the judge and the sandbox (final answers for routing) shape the rewards: their params key the checkpoints too
-    ckpt = claim_checkpoint_dir(checkpoint_root, {"rlhf": cfg.model_dump(), "judge": params.judge.model_dump(),
-                                                  "sandbox": params.sandbox.model_dump()}, seed,
-                                [Path(policy), *key_files])
+    shaping = result_params(params, ("judge", "sandbox"))  # sandbox.workers left out: it decides no reward
+    ckpt = claim_checkpoint_dir(checkpoint_root, {"rlhf": cfg.model_dump(), **shaping}, seed, [Path(policy), *key_files])
     resume = last_complete_checkpoint(ckpt, marker=ROUTING_STATE)
     if resume:
         print(f"rlhf_routed: resuming from {resume}")

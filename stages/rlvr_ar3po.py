@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 import mlflow
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, result_params, save_trained
 from posttrain.curves import CURVE_DIR, TrainingCurve
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
@@ -53,7 +53,7 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
     dev_cb = DevAccuracyCallback(eval_records, tokenizer, cfg.dev_every, cfg.max_new_tokens, limits,
                                  params.sandbox.workers, label=f"rlvr {cfg.algo}")
     # the sandbox's limits decide the rewards, so checkpoints trained under other limits are not resumed
-    ckpt = claim_checkpoint_dir(checkpoint_root, {"rlvr": cfg.model_dump(), "sandbox": params.sandbox.model_dump()},
+    ckpt = claim_checkpoint_dir(checkpoint_root, {"rlvr": cfg.model_dump(), **result_params(params, ("sandbox",))},
                                 seed, [Path(POLICY), DATA / "train.jsonl"])
     resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
     curve_cb = [TrainingCurve(curve, RLVR_CURVE, dev_cb)] if curve is not None else []

@@ -21,6 +21,7 @@ these and writes what an uninterrupted one would.
 """
 from __future__ import annotations
 
+import gc
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -116,6 +117,9 @@ def main() -> None:
                     for (rec, k), p, t, a, lw, lr, v in zip(todo, prompts, texts, anchors, ref_w, ref_r, verdicts)]
             atomic_write_text(saved, "".join(json.dumps(s) + "\n" for s in done))
             samples += done
+            # before the next reference's engine opens: two vLLM engines would each claim gpu_memory_utilization
+            del gen, model
+            gc.collect()
         if not samples:
             raise DataError(f"{TRAIN}: no training prompts to sample for (seppo_sample.n_prompts={cfg.n_prompts})")
         # the anchor is the task's worked solution in the sample's trajectory, which is not always right: pot's brute

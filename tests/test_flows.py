@@ -308,3 +308,16 @@ def test_judge_serve_with_the_hf_backend_needs_no_prepared_data(tmp_path, monkey
     monkeypatch.setattr(time, "sleep", ctrl_c)
     assert main(["judge", "serve", "--port", "8123"]) == 0 and served == [8123]
     assert "judge (hf backend" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("output, ran", [("Running stage 'prepare':\n> python3 -m stages.prepare", True),
+                                         ("Stage 'prepare' didn't change, skipping", False),
+                                         ("Stage 'prepare' is cached - skipping run, checking out outputs", False)])
+def test_a_stage_restored_from_dvcs_run_cache_is_not_reported_as_run(monkeypatch, output, ran):
+    import logging
+
+    import flows.pipeline
+
+    monkeypatch.setattr(flows.pipeline, "run_dvc", lambda args, env, echo, what: output)
+    monkeypatch.setattr(flows.pipeline, "get_run_logger", lambda: logging.getLogger("test"))
+    assert flows.pipeline.run_stage.fn("prepare", "parent")["ran"] is ran
