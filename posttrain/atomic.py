@@ -91,7 +91,11 @@ def atomic_dir(path: str | Path):
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
             os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            # renamed before it is removed: a kill midway through the removal must not leave a half-deleted `old`,
+            # which the repair above would put back as the output once DVC has removed it for a re-run
+            trash = temporary_sibling(old)
+            os.replace(old, trash)
+            shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, path)
     except BaseException:

@@ -66,6 +66,33 @@ def test_a_swap_cut_between_its_two_renames_is_undone_by_the_next_write(tmp_path
     assert (tmp_path / "model" / "weights").read_text() == "old"
 
 
+def test_a_kill_while_the_old_directory_is_removed_never_brings_half_of_it_back(tmp_path, monkeypatch):
+    import shutil
+
+    import posttrain.atomic
+
+    with atomic_dir(tmp_path / "model") as d:
+        for name in ("config", "weights"):
+            (d / name).write_text("v1")
+
+    rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):  # removing the old directory: one file gone, then the process dies
+        if ".model.old" not in str(path) or not os.path.isdir(path):
+            return rmtree(path, ignore_errors=ignore_errors)
+        os.unlink(min(p.path for p in os.scandir(path)))
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(posttrain.atomic.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt), atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("v2")
+    monkeypatch.undo()
+    assert (tmp_path / "model" / "weights").read_text() == "v2"  # the swap itself was done
+    shutil.rmtree(tmp_path / "model")  # DVC removes a stage's outputs before it runs the stage again
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "model"):
+        raise RuntimeError("the re-run fails")
+    assert not (tmp_path / "model").exists()  # was the half-deleted v1: config gone, weights v1
+
+
 def test_json_is_strict_an_undefined_figure_is_null(tmp_path):
     """A NaN (a Spearman on a constant column) must not make the metrics file unreadable to strict parsers."""
     path = tmp_path / "metrics.json"
