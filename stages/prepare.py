@@ -14,7 +14,7 @@ from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
 from posttrain.params import load_params
 from posttrain.params_schema import Params, PrepareParams, TaskParams
-from posttrain.task.arithmetic import Problem, generate_problems
+from posttrain.task.arithmetic import KINDS, Problem, generate_problems
 from posttrain.task.records import DataError, find_split_overlaps, normalized_question, read_records
 from posttrain.tracking import stage_run
 
@@ -117,6 +117,32 @@ def check_declared(files) -> None:
                             f"prepare's dependency, so DVC would not re-run prepare when it changes; move it there")
 
 
+def check_field_types(r: dict, where: str) -> None:
+    """Each arithmetic field's shape: ``Problem.from_fields`` would cut 7.5 to 7 and read true as 1 (the row passing
+    when its answer matched the cut values), and a kind that is no string broke dots_search without a row to name."""
+    def whole(value, field: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DataError(f"{where}: {field}: got {value!r}, expected a whole number")
+
+    whole(r["start"], "start")
+    if not isinstance(r["steps"], list) or not r["steps"]:
+        raise DataError(f"{where}: steps: got {r['steps']!r}, expected a non-empty list of [op, operand] pairs")
+    for i, step in enumerate(r["steps"]):
+        if not isinstance(step, list) or len(step) not in (2, 3) or step[0] not in ("add", "sub", "mul", "div"):
+            raise DataError(f"{where}: steps[{i}]: got {step!r}, expected [op, operand] or [op, operand, repeats] "
+                            "with op one of add, sub, mul, div")
+        for k, value in enumerate(step[1:], 1):
+            whole(value, f"steps[{i}][{k}]")
+    if r.get("kind", "chain") not in KINDS:
+        raise DataError(f"{where}: kind: got {r['kind']!r}, expected one of {', '.join(KINDS)}")
+    for i, value in enumerate(r.get("phrasing") or []):
+        whole(value, f"phrasing[{i}]")
+    for i, distractor in enumerate(r.get("distractors") or []):
+        if not isinstance(distractor, list) or len(distractor) != 2 or not isinstance(distractor[1], str):
+            raise DataError(f"{where}: distractors[{i}]: got {distractor!r}, expected [step index, sentence]")
+        whole(distractor[0], f"distractors[{i}][0]")
+
+
 def check_domain_fields(records: list[dict], path: str) -> None:
     """The default pipeline renders every trajectory's worked solution (warm-up, DOTS, SFT) from the arithmetic
     domain's fields, so a user's row needs them, and they must compute its answer; raise DataError naming the file
@@ -130,6 +156,7 @@ def check_domain_fields(records: list[dict], path: str) -> None:
                             "\"start\": 7, \"steps\": [[\"add\", 5], [\"mul\", 3]])")
         if r["form"] not in ("words", "expression"):
             raise DataError(f"{where}: form: got {r['form']!r}, expected 'words' or 'expression'")
+        check_field_types(r, where)
         try:
             problem = Problem.from_fields(r)
             values = problem.values()

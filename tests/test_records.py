@@ -117,8 +117,17 @@ def test_jsonl_source_goes_through_the_same_path(tmp_path):
 
 @pytest.mark.parametrize("row, problem", [
     (GOOD, r"dev.jsonl: row 'd1': form, start, steps: missing"),
-    ({**GOOD, "form": "expression", "start": 1, "steps": [["add"]]}, r"dev.jsonl: row 'd1': steps: cannot be read"),
-    ({**GOOD, "form": "expression", "start": 1, "steps": [["pow", 2]]}, r"dev.jsonl: row 'd1': steps: cannot be read"),
+    ({**GOOD, "form": "expression", "start": 1, "steps": [["add"]]}, r"dev.jsonl: row 'd1': steps\[0\]: got \['add'\]"),
+    ({**GOOD, "form": "expression", "start": 1, "steps": [["pow", 2]]}, r"dev.jsonl: row 'd1': steps\[0\]: got \['pow'"),
+    # a decimal or a boolean where a whole number goes was cut (7.5 -> 7, true -> 1) and passed with a matching answer
+    ({**GOOD, "answer": 8, "form": "expression", "start": 7.5, "steps": [["add", 1]]},
+     r"dev.jsonl: row 'd1': start: got 7.5, expected a whole number"),
+    ({**GOOD, "answer": 2, "form": "expression", "start": 1, "steps": [["add", True]]},
+     r"dev.jsonl: row 'd1': steps\[0\]\[1\]: got True, expected a whole number"),
+    ({**GOOD, "answer": 2, "form": "expression", "start": 1, "steps": [["add", 1]], "kind": ["chain"]},
+     r"dev.jsonl: row 'd1': kind: got \['chain'\], expected one of chain"),
+    ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "distractors": [["0", "x"]]},
+     r"dev.jsonl: row 'd1': distractors\[0\]\[0\]: got '0', expected a whole number"),
     ({**GOOD, "form": "latex", "start": 1, "steps": [["add", 1]]}, r"dev.jsonl: row 'd1': form: got 'latex'"),
     ({**GOOD, "answer": 99, "form": "expression", "start": 1, "steps": [["add", 1]]},
      r"dev.jsonl: row 'd1': answer: 99, but start and steps compute 2"),
@@ -131,7 +140,7 @@ def test_jsonl_source_goes_through_the_same_path(tmp_path):
     ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": [9]},
      r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(IndexError"),
     ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": ["0"]},
-     r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(TypeError"),
+     r"dev.jsonl: row 'd1': phrasing\[0\]: got '0', expected a whole number"),
 ])
 def test_a_user_row_the_pipeline_cannot_render_is_named_by_file_and_row(tmp_path, row, problem):
     files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
