@@ -1,6 +1,6 @@
 import pytest
 
-from posttrain.task.verifier import extract_answer, is_correct
+from posttrain.task.verifier import extract_answer, is_correct, parse_integer
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -43,3 +43,12 @@ def test_a_number_that_goes_on_is_not_read_as_its_first_digits(text):
 def test_thousands_separators_and_a_bold_label_still_read():
     assert extract_answer("Answer: 12,345,678, done") == 12345678
     assert extract_answer("**Answer**: 42") == 42  # was None: a right answer judged wrong
+
+
+@pytest.mark.parametrize("printed, value", [("42", 42), (" -1,234 ", -1234), ("12.0", 12), ("\u22127", -7),
+                                            ("1,2", None), ("1e5", None), ("1_000", None), ("inf", None),
+                                            ("12.5", None), ("", None)])
+def test_a_programs_printed_output_is_read_as_the_number_it_shows(printed, value):
+    """pot's answer is the program's last printed line: float() read '1,2' (commas dropped) as 12 and '1e5' as
+    100000."""
+    assert parse_integer(printed) == value

@@ -24,11 +24,11 @@ _PATTERNS = [
 
 
 def parse_integer(text: str) -> int | None:
-    text = text.replace(",", "").replace("\u2212", "-")
-    try:
-        value = float(text)
-    except ValueError:
+    """``text`` as a whole number (``42``, ``-1,234``, ``12.0``), or None: a program printing ``1,2``, ``1e5`` or
+    ``1_000`` did not print the integer float() would make of it."""
+    if not re.fullmatch(_NUMBER, text.strip()):
         return None
+    value = float(text.replace(",", "").replace("\u2212", "-"))
     if not value.is_integer() or abs(value) > 1e15:
         return None
     return int(value)
