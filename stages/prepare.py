@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import get_args
 
 import mlflow
 from posttrain.atomic import atomic_dir
 from posttrain.errors import stage_main
 from posttrain.params import load_params
 from posttrain.params_schema import Params, PrepareParams, TaskParams
-from posttrain.task.arithmetic import KINDS, Problem, generate_problems
+from posttrain.task.arithmetic import KINDS, Form, Op, Problem, generate_problems
 from posttrain.task.records import DataError, find_split_overlaps, normalized_question, read_records
 from posttrain.tracking import stage_run
 
@@ -128,9 +129,9 @@ def check_field_types(r: dict, where: str) -> None:
     if not isinstance(r["steps"], list) or not r["steps"]:
         raise DataError(f"{where}: steps: got {r['steps']!r}, expected a non-empty list of [op, operand] pairs")
     for i, step in enumerate(r["steps"]):
-        if not isinstance(step, list) or len(step) not in (2, 3) or step[0] not in ("add", "sub", "mul", "div"):
+        if not isinstance(step, list) or len(step) not in (2, 3) or step[0] not in get_args(Op):
             raise DataError(f"{where}: steps[{i}]: got {step!r}, expected [op, operand] or [op, operand, repeats] "
-                            "with op one of add, sub, mul, div")
+                            f"with op one of {', '.join(get_args(Op))}")
         for k, value in enumerate(step[1:], 1):
             whole(value, f"steps[{i}][{k}]")
     if r.get("kind", "chain") not in KINDS:
@@ -154,8 +155,8 @@ def check_domain_fields(records: list[dict], path: str) -> None:
             raise DataError(f"{where}: {', '.join(missing)}: missing; the default pipeline renders each trajectory's "
                             "solution from the arithmetic fields form, start and steps (e.g. \"form\": \"expression\", "
                             "\"start\": 7, \"steps\": [[\"add\", 5], [\"mul\", 3]])")
-        if r["form"] not in ("words", "expression"):
-            raise DataError(f"{where}: form: got {r['form']!r}, expected 'words' or 'expression'")
+        if r["form"] not in get_args(Form):
+            raise DataError(f"{where}: form: got {r['form']!r}, expected one of {', '.join(get_args(Form))}")
         check_field_types(r, where)
         try:
             problem = Problem.from_fields(r)

@@ -52,3 +52,15 @@ def test_a_programs_printed_output_is_read_as_the_number_it_shows(printed, value
     """pot's answer is the program's last printed line: float() read '1,2' (commas dropped) as 12 and '1e5' as
     100000."""
     assert parse_integer(printed) == value
+
+
+def test_answers_past_float_precision_read_exactly():
+    """float() made 10**17 + 1 into 10**17, and past 1e15 the answer was dropped: a task with large answers could not
+    be verified."""
+    big = 10**17 + 1
+    assert parse_integer(str(big)) == big
+    assert parse_integer(f"{big:,}") == big
+    assert parse_integer(f"{big}.000") == big
+    assert is_correct(f"Answer: {big}", big)
+    assert not is_correct(f"Answer: {big - 1}", big)
+    assert parse_integer("9" * 5000) is None  # beyond what int() converts: no stated answer, not a crash

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from posttrain.task.records import DataError
 
 Op = Literal["add", "sub", "mul", "div"]
 Form = Literal["words", "expression"]
 Kind = Literal["chain", "bignum", "distractor", "repeat"]
-KINDS: tuple[str, ...] = ("chain", "bignum", "distractor", "repeat")
+KINDS: tuple[str, ...] = get_args(Kind)
 
 # bignum ranges: start 10..99, add/sub 100..999, multiply by 11..29; no division
 BIG_START, BIG_ADD, BIG_MUL = (10, 99), (100, 999), (11, 29)
