@@ -47,8 +47,8 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
     """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
     checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's
     deps (the ``dvc.dep.*`` tags ``stage_run`` put on the stage's MLflow run, also read inside a ``part_run``; code
-    included, no file is read again);
-    elsewhere the bytes of ``key_files`` (a directory: every file).
+    included, no file is read again) and the bytes of any of ``key_files`` outside those deps; elsewhere the bytes
+    of every one of ``key_files`` (a directory: every file).
 
     Checkpoints outlive a successful run: a kill after the stage finished but before DVC recorded its outputs
     (DVC hashes and caches them after the stage exits) then resumes at the end instead of starting over.
@@ -65,7 +65,10 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
     # single process's key stays as it was)
     processes = [world_size()] if world_size() > 1 else []
     h = hashlib.sha256(json.dumps([seed, config, deps, *processes], sort_keys=True).encode())
-    for path in [] if deps else key_files:
+    # a key file DVC does not hash for this stage (evaluate.models may name any model under models/) is read here:
+    # otherwise a changed model outside the deps would resume on the old model's finished work
+    dep_paths = [Path(k.removeprefix("dvc.dep.")).resolve() for k in deps]
+    for path in [p for p in key_files if not any(d == p.resolve() or d in p.resolve().parents for d in dep_paths)]:
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file():
                 h.update(f.read_bytes())

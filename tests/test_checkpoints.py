@@ -96,15 +96,17 @@ def test_a_resume_under_another_number_of_processes_starts_afresh(tmp_path, monk
     assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != alone
 
 
-def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
+def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path, monkeypatch):
     import mlflow
 
     from posttrain.checkpoints import claim_checkpoint_dir
 
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
     try:
-        data = tmp_path / "model.bin"
+        data = Path("models/sft/model.bin")
+        data.parent.mkdir(parents=True)
         data.write_bytes(b"weights")
         with mlflow.start_run(tags={"dvc.dep.models/sft": "aaa", "dvc.dep.stages/x.py": "bbb"}):
             first = claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data])
@@ -112,6 +114,31 @@ def test_in_a_stage_run_the_key_is_dvcs_hashes_of_the_deps(tmp_path):
             assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) == first
         with mlflow.start_run(tags={"dvc.dep.models/sft": "aaa", "dvc.dep.stages/x.py": "ccc"}):  # code changed
             assert claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != first
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+def test_a_key_file_outside_the_stages_deps_is_read(tmp_path, monkeypatch):
+    """evaluate keys its finished shards on every model it scores, and evaluate.models may name a model that is not
+    one of its DVC deps: the key read only the deps' hashes, so a retrained models/mine resumed the old scores."""
+    import mlflow
+
+    from posttrain.checkpoints import claim_checkpoint_dir
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    try:
+        covered, outside = Path("models/sft"), Path("models/mine")
+        for d in (covered, outside):
+            d.mkdir(parents=True)
+            (d / "model.bin").write_bytes(b"weights")
+        keys = []
+        for weights in (b"weights", b"retrained"):
+            (outside / "model.bin").write_bytes(weights)
+            with mlflow.start_run(tags={"dvc.dep.models/sft": "aaa"}):
+                keys.append(claim_checkpoint_dir(Path("ckpt"), {"lr": 0.1}, 0, [covered, outside]))
+        assert keys[0] != keys[1]
     finally:
         mlflow.set_tracking_uri(before)
 
