@@ -61,6 +61,12 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
                            curve: Path | None = None) -> PreferenceModel:
     """Train the PM on ``pairs`` (dicts with question/chosen/rejected) in both orders, and on ``cfg.tie_share`` of
     tie rows from ``ties`` (question/a/b, target 1/2); fit the sngp posterior on every row it trained on."""
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    resume = last_complete_checkpoint(ckpt)
+    if resume:
+        print(f"train_rm: resuming the preference model from {resume}")
+    # the args before the backbone: under a ZeRO-3 config they switch on zero.Init for from_pretrained (see train_sft)
+    args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
     set_seed(seed)
     pm = PreferenceModel.from_backbone(init_model, cfg)
     ties = tie_sample(pairs, ties, cfg.tie_share, seed)
@@ -72,11 +78,6 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
     def collate(batch: list[dict]) -> dict:
         return {**pm.encode([tuple(b["triple"]) for b in batch]), "labels": torch.tensor([b["labels"] for b in batch])}
 
-    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
-    resume = last_complete_checkpoint(ckpt)
-    if resume:
-        print(f"train_rm: resuming the preference model from {resume}")
-    args = TrainingArguments(**_training_args(cfg, ckpt, seed, cfg.max_steps, remove_unused_columns=False))
     callbacks = [TrainingCurve(curve, ["loss", "grad_norm", "learning_rate"])] if curve is not None else []
     Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate,
             callbacks=callbacks).train(resume_from_checkpoint=resume)
@@ -88,7 +89,11 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
 def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParams, out: Path, checkpoint_root: Path,
                        key_files: list[Path], seed: int, curve: Path | None = None):
     """TRL RewardTrainer (Bradley-Terry on r(chosen) - r(rejected)); returns (model, tokenizer), saved to ``out``."""
-    set_seed(seed)
+    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
+    resume = last_complete_checkpoint(ckpt)
+    # the args before the model: under a ZeRO-3 config they switch on zero.Init for from_pretrained (see train_sft)
+    args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
+    set_seed(seed)  # the score head is initialised at random
     tokenizer = AutoTokenizer.from_pretrained(init_model)
     model = AutoModelForSequenceClassification.from_pretrained(init_model, num_labels=1,
                                                                pad_token_id=tokenizer.pad_token_id)
@@ -96,9 +101,6 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
     dataset = Dataset.from_list([{"prompt": f"Question: {p['question']}\nResponse:",
                                   "chosen": " " + tail(tokenizer, p["chosen"], n),
                                   "rejected": " " + tail(tokenizer, p["rejected"], n)} for p in pairs])
-    ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
-    resume = last_complete_checkpoint(ckpt)
-    args = RewardConfig(**_training_args(cfg, ckpt, seed, cfg.pointwise_max_steps, max_length=cfg.max_length))
     callbacks = [TrainingCurve(curve, ["loss", "accuracy", "margin"])] if curve is not None else []
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                             callbacks=callbacks)

@@ -83,8 +83,6 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
 
     Returns ``{"train_tokens", "train_tokens_per_s", "final_loss", "resumed_from"}`` (also logged to MLflow).
     """
-    tokenizer, model = load_pretrained(init_model)
-    set_seed(seed)
     ckpt = claim_checkpoint_dir(checkpoint_root, cfg, seed, [Path(init_model), *key_files])
     resume = last_complete_checkpoint(ckpt)
     if resume:
@@ -93,7 +91,11 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     # train_runtime covers this session only, and so do the tokens counted (read the step before training rotates
     # the checkpoint away)
     resumed_at = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+    # the args before the model: under a ZeRO-3 config they switch on zero.Init, so from_pretrained partitions the
+    # weights as it loads them instead of each rank holding the whole model in memory first
     args = sft_config(cfg, ckpt, seed, keep_all=snapshots is not None)
+    tokenizer, model = load_pretrained(init_model)
+    set_seed(seed)
     callbacks = [TrainingCurve(curve, SFT_CURVE)] if curve is not None else []
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
                          callbacks=callbacks)

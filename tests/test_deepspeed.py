@@ -31,3 +31,16 @@ def test_sft_steps_under_deepspeed_zero1_on_the_cpu(tmp_path):
     files = result["checkpoint_files"]
     assert any(f.endswith("zero_pp_rank_0_mp_rank_00_optim_states.pt") for f in files), files
     assert "checkpoint-6/model.safetensors" in files
+
+
+def test_under_zero3_every_trainer_loads_its_model_with_zero3_on(tmp_path):
+    """The SFT, pointwise-RM and PM trainers loaded their model before building the trainer's args, so ZeRO-3's
+    zero.Init was not on and every rank held the whole model in memory before DeepSpeed partitioned it."""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "DS_BUILD_OPS": "0"}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "deepspeed_zero3_load_run.py"), str(tmp_path),
+                           str(ROOT / "configs" / "deepspeed" / "zero3.json")],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert seen == {"sft": True, "pointwise_rm": True, "preference_model": True}
