@@ -64,35 +64,6 @@ def preference_example(tokenizer, prompt: str, chosen: str, rejected: str) -> di
 
 
 @torch.inference_mode()
-def completion_logps(model, tokenizer, prompts: list[str], completions: list[str], batch_size: int = 32,
-                     desc: str = "log-probs") -> list[float]:
-    """log pi(completion + EOS | prompt), tokenised as DPOTrainer does (prompt+completion, EOS appended)."""
-    model.eval()
-    eos = tokenizer.eos_token
-    out: list[float] = []
-    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch"):
-        ids, starts = [], []
-        for p, c in zip(prompts[start:start + batch_size], completions[start:start + batch_size], strict=True):
-            p_ids = tokenizer(p)["input_ids"]
-            full = tokenizer(p + c + ("" if c.endswith(eos) else eos))["input_ids"]
-            k = next((i for i, (a, b) in enumerate(zip(p_ids, full)) if a != b), min(len(p_ids), len(full)))
-            ids.append(full)
-            starts.append(k)
-        width = max(map(len, ids))
-        input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
-        mask = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, row in enumerate(ids):
-            input_ids[i, :len(row)] = torch.tensor(row)
-            mask[i, :len(row)] = 1
-        logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
-        token_logps = torch.gather(logits.log_softmax(-1), 2, input_ids[:, 1:, None]).squeeze(2)
-        positions = torch.arange(1, width)[None, :]
-        scored = (positions >= torch.tensor(starts)[:, None]) & (mask[:, 1:] == 1)
-        out.extend((token_logps * scored).sum(1).tolist())
-    return out
-
-
-@torch.inference_mode()
 def preference_logps(model, tokenizer, prompts: list[str], chosen: list[str], rejected: list[str],
                      max_length: int | None = None, truncation_mode: str = "keep_start", batch_size: int = 32,
                      desc: str = "log-probs") -> tuple[list[float], list[float]]:

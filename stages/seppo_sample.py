@@ -38,7 +38,7 @@ from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
 from posttrain.preference_data import anchor_completion, assign_references, tie_pairs, training_pairs
 from posttrain.sandbox import sandbox_limits
-from posttrain.seppo import completion_logps, reference_checkpoints
+from posttrain.seppo import preference_logps, reference_checkpoints
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.trajectories import prompt
@@ -107,8 +107,8 @@ def main() -> None:
             anchors = [anchor_completion(rec, t) for (rec, _), t in zip(todo, texts)]
             # whole sequences (this stage cannot know a trainer's max_length; seppo.pairs_dataset scores again the
             # pairs one cuts)
-            ref_w = completion_logps(model, tokenizer, prompts, anchors, cfg.batch_size, desc="ref log p(y_w)")
-            ref_r = completion_logps(model, tokenizer, prompts, texts, cfg.batch_size, desc="ref log p(y_ref)")
+            ref_w, ref_r = preference_logps(model, tokenizer, prompts, anchors, texts, batch_size=cfg.batch_size,
+                                            desc="ref log p(y_w), log p(y_ref)")
             verdicts = score_responses([rec for rec, _ in todo], [OWN_CHOICE] * len(todo), texts,
                                        sandbox_limits(params.sandbox), params.sandbox.workers)
             done = [{"id": rec["id"], "sample": k, "difficulty": rec["difficulty"], "question": rec["question"],
@@ -141,10 +141,10 @@ def main() -> None:
         def policy_logps() -> dict[str, list[float]]:
             tokenizer, policy = load_pretrained(POLICY)
             prompts = [s["prompt"] for s in samples]
-            return {"anchor": completion_logps(policy, tokenizer, prompts, [s["anchor"] for s in samples],
-                                               cfg.batch_size, desc="policy log p(y_w)"),
-                    "response": completion_logps(policy, tokenizer, prompts, [s["response"] for s in samples],
-                                                 cfg.batch_size, desc="policy log p(y_ref)")}
+            anchor, response = preference_logps(policy, tokenizer, prompts, [s["anchor"] for s in samples],
+                                                [s["response"] for s in samples], batch_size=cfg.batch_size,
+                                                desc="policy log p(y_w), log p(y_ref)")
+            return {"anchor": anchor, "response": response}
 
         logps = saved_step(progress / "policy_logps.json", "policy log-probs computed", policy_logps)
         pol_w, pol_r = logps["anchor"], logps["response"]

@@ -12,7 +12,7 @@ from posttrain.modeling import device_args, load_pretrained
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, tie_pairs, training_pairs
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import both_orders, tie_sample
-from posttrain.seppo import SePPOTrainer, aaf_sign, completion_logps, preference_logps, seppo_loss, train_policy
+from posttrain.seppo import SePPOTrainer, aaf_sign, preference_example, preference_logps, seppo_loss, train_policy
 from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
@@ -201,9 +201,8 @@ def test_seppo_trainer_starts_at_log2_and_learns(tiny, tmp_path):
         y_w = f" cot\n{render_response(p, BY_NAME['cot'])}"
         y_r = f" cot\nAnswer: {p.answer + 1}"
         rows.append({"prompt": x, "chosen": y_w, "rejected": y_r})
-    # completion_logps: what seppo_sample stores
-    ref_w, ref_r = (completion_logps(model, tok, [r["prompt"] for r in rows], [r[k] for r in rows])
-                    for k in ("chosen", "rejected"))
+    # what seppo_sample stores
+    ref_w, ref_r = preference_logps(model, tok, *([r[k] for r in rows] for k in ("prompt", "chosen", "rejected")))
     data = Dataset.from_list([{**r, "ref_chosen_logps": a, "ref_rejected_logps": b}
                               for r, a, b in zip(rows, ref_w, ref_r)])
     args = DPOConfig(str(tmp_path), precompute_ref_log_probs=True, beta=0.5, max_steps=12, learning_rate=5e-3,
@@ -242,13 +241,28 @@ def test_preference_logps_cover_the_tokens_dpo_trainer_keeps(tiny, tmp_path, tru
         assert torch.allclose(torch.tensor(trl.train_dataset[column]), torch.tensor(values), atol=1e-3)
 
 
+def test_stored_log_probs_are_trls_when_the_prompt_merges_with_one_completion(tiny, tmp_path):
+    """seppo_sample scored each completion from where it alone parted from the prompt's tokens; DPOTrainer starts
+    both of a pair where the first of them parts. When the prompt's last token merges with the anchor's first
+    ("co" + "t"), the reference log p(y_ref) it stored was one token short of the one the trainer's policy sums."""
+    rows = [{"prompt": prompt(p.question) + "co", "chosen": f"t\nAnswer: {p.answer}",
+             "rejected": f" cot\nAnswer: {p.answer + 1}"} for p in tiny.problems[:4]]
+    assert all(len(preference_example(tiny.tok, **r)["prompt_ids"]) < len(tiny.tok(r["prompt"])["input_ids"])
+               for r in rows), "the case needs a merge across the prompt's end"
+    args = DPOConfig(str(tmp_path), precompute_ref_log_probs=True, report_to=[], **device_args())
+    trl = DPOTrainer(model=tiny.path, args=args, train_dataset=Dataset.from_list(rows), processing_class=tiny.tok)
+    _, model = load_pretrained(tiny.path)
+    ours = preference_logps(model, tiny.tok, *([r[k] for r in rows] for k in ("prompt", "chosen", "rejected")))
+    for column, values in zip(("ref_chosen_logps", "ref_rejected_logps"), ours):
+        assert torch.allclose(torch.tensor(trl.train_dataset[column]), torch.tensor(values), atol=1e-3)
+
+
 def test_seppo_policy_as_its_own_reference_starts_at_log2_when_max_length_cuts(tiny, tmp_path):
     """seppo_sample stores whole-sequence reference log-probs; the trainer's collator cut the anchors to max_length,
     so the policy's sum covered fewer tokens: h_w came out ~280 nats high, AAF never fired and the loss was 0."""
     rows = _long_pairs(tiny, 4)
     _, model = load_pretrained(tiny.path)
-    ref_w, ref_r = (completion_logps(model, tiny.tok, [r["prompt"] for r in rows], [r[k] for r in rows])
-                    for k in ("chosen", "rejected"))
+    ref_w, ref_r = preference_logps(model, tiny.tok, *([r[k] for r in rows] for k in ("prompt", "chosen", "rejected")))
     samples = [{"prompt": r["prompt"], "anchor": r["chosen"], "response": r["rejected"], "reference": tiny.path,
                 "ref_anchor_logp": a, "ref_response_logp": b} for r, a, b in zip(rows, ref_w, ref_r)]
     cfg = SimpleNamespace(loss="seppo", beta=0.5, max_steps=1, batch_size=4, grad_accum=1, learning_rate=1e-9,
