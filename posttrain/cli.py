@@ -4,44 +4,85 @@ Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
 
     posttrain run [STAGE ...]      run the pipeline through Prefect (DVC skips unchanged stages)
     posttrain check-params [FILE]  validate params.yaml (or FILE) and print every problem
+    posttrain sweep FILE           run an ablation sweep file as DVC experiments
     posttrain ui mlflow|prefect    open the MLflow or Prefect UI on this repository's stores
     posttrain judge serve          serve the local judge (OpenAI chat-completions protocol) until Ctrl-C
+
+A problem the user can fix (invalid params, missing inputs) ends the command with ``error: ...`` and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
-from posttrain.orchestration import apply_prefect_settings
-from posttrain.params import ParamsError, load_params
+from posttrain.errors import UserError
+from posttrain.orchestration import INTERRUPT_GRACE_SECONDS, apply_prefect_settings
+from posttrain.params import load_params
 
+PREPARED = Path("data/prepared")
+
+
+def prepared_records() -> list[dict]:
+    """The task's records of every split, in which the verifier judge looks up each question."""
+    from posttrain.jsonl import read_jsonl
+
+    paths = [PREPARED / f"{split}.jsonl" for split in ("train", "dev", "test")]
+    for path in paths:
+        if not path.exists():
+            raise UserError(f"{path}: no such file; the verifier judge checks answers against the prepared "
+                            "records: run `python3 -m dvc repro prepare` first")
+    return [row for path in paths for row in read_jsonl(path)]
 
 
 def serve_judge(port: int) -> int:
     """The judge of params.yaml (backend, latency, faults) over the records in data/prepared, on loopback."""
-    import json
     import time
-    from pathlib import Path
 
     from posttrain.judge_server import JudgeService, build_app, hf_backend, verifier_backend
 
-    cfg = load_params().judge
-    if cfg.backend == "verifier":  # only it reads the task's records: an hf judge serves before prepare has run
-        judge = verifier_backend([json.loads(line) for split in ("train", "dev", "test") for line in
-                                  Path(f"data/prepared/{split}.jsonl").read_text(encoding="utf-8").splitlines()])
-    else:
-        judge = hf_backend(cfg.hf_model)
-    with JudgeService(build_app(judge, cfg.model, cfg.latency_s, cfg.faults), port=port) as svc:
-        print(f"judge ({cfg.backend} backend, model name {cfg.model!r}) on {svc.base_url}; Ctrl-C stops it")
-        try:
+    params = load_params()
+    cfg = params.judge
+    # only the verifier reads the task's records: an hf judge serves before prepare has run
+    judge = verifier_backend(prepared_records()) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
+    # faults drawn from params' seed, as the rlhf_routed stage's service draws them (judge_endpoint)
+    app = build_app(judge, cfg.model, cfg.latency_s, cfg.faults, params.seed)
+    try:
+        with JudgeService(app, port=port) as svc:
+            print(f"judge ({cfg.backend} backend, model name {cfg.model!r}) on {svc.base_url}; Ctrl-C stops it")
             while True:
                 time.sleep(1)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as e:  # the service could not listen or start: most often another process holds the port
+        raise UserError(f"{e}; choose a free port with --port") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_server(cmd: list[str]) -> int:
+    """Run a UI server in the foreground until it exits or Ctrl-C stops it."""
+    print(" ".join(cmd))
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # the terminal's Ctrl-C reached the server too: let it shut down rather than kill it as subprocess.call does
+        try:
+            proc.wait(timeout=INTERRUPT_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return 0
+
+
+def port_number(text: str) -> int:
+    port = int(text)  # argparse words a ValueError as "invalid port_number value"
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0-65535)")
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the pipeline as a Prefect flow")
@@ -50,31 +91,25 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("file", nargs="?", default="params.yaml")
     ui = sub.add_parser("ui", help="start a UI on loopback")
     ui.add_argument("which", choices=["mlflow", "prefect"])
-    ui.add_argument("--port", type=int, default=None)
+    ui.add_argument("--port", type=port_number, default=None)
     sweep = sub.add_parser("sweep", help="run an ablation sweep file as DVC experiments (flows/sweep.py)")
     sweep.add_argument("file", help="e.g. configs/sweeps/routing.yaml")
     judge = sub.add_parser("judge", help="the local judge service")
     judge.add_argument("action", choices=["serve"])
-    judge.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args(argv)
+    judge.add_argument("--port", type=port_number, default=8000, help="0 for a free one")
+    return parser
 
+
+def run_command(args: argparse.Namespace) -> int:
     if args.command == "check-params":
-        try:
-            load_params(args.file)
-        except ParamsError as e:
-            print(e, file=sys.stderr)
-            return 2
+        load_params(args.file)
         print(f"{args.file}: ok")
         return 0
     if args.command == "run":
         apply_prefect_settings()
         from flows.pipeline import accuracy_lines, pipeline
 
-        try:
-            result = pipeline(args.stages or None)
-        except ParamsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        result = pipeline(args.stages or None)
         for stage in result["stages"]:
             print(f"{stage['stage']}: {'ran' if stage['ran'] else 'unchanged'} ({stage['seconds']} s)")
         print("\n".join(accuracy_lines(result["metrics"])))
@@ -83,26 +118,25 @@ def main(argv: list[str] | None = None) -> int:
         apply_prefect_settings()
         from flows.sweep import sweep as run_sweep
 
-        try:
-            result = run_sweep(args.file)
-        except ParamsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"report: {result['report']}")
+        print(f"report: {run_sweep(args.file)['report']}")
         return 0
     if args.command == "judge":
         return serve_judge(args.port)
     if args.which == "mlflow":
-        params = load_params()
-        port = str(args.port or 5000)
-        cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1",
-               "--port", port]
-    else:
-        apply_prefect_settings()
-        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-               "--port", str(args.port or 4200)]
-    print(" ".join(cmd))
-    return subprocess.call(cmd)
+        return run_server([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", load_params().tracking.uri,
+                           "--host", "127.0.0.1", "--port", str(args.port or 5000)])
+    apply_prefect_settings()
+    return run_server([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                       "--port", str(args.port or 4200)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_command(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ Example:
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
+from typing import get_origin
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML, YAMLError
@@ -49,10 +51,15 @@ def _describe(err: dict) -> str:
     return f"{loc}: got {err['input']!r}, expected {expected}"
 
 
+def _require_mapping(raw: object, source: str) -> None:
+    if not isinstance(raw, dict):
+        got = "nothing (the file is empty)" if raw is None else "a list" if isinstance(raw, list) else f"{raw!r:.60}"
+        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {got}")
+
+
 def parse_params(raw: object, source: str = "params.yaml") -> Params:
     """Validate an already-parsed mapping; raise ParamsError with one line per bad key."""
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    _require_mapping(raw, source)
     try:
         return Params.model_validate(raw)
     except ValidationError as e:
@@ -68,20 +75,28 @@ def parse_params(raw: object, source: str = "params.yaml") -> Params:
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml; raise ParamsError (YAML syntax errors name line and column)."""
     path = Path(path)
+    return parse_params(_parse_yaml(path, _read_text(path), read_yaml), str(path))
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such file (run from the repository root)") from None
     except UnicodeDecodeError as e:
         line = path.read_bytes()[:e.start].count(b"\n") + 1
         raise ParamsError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x})") from None
+    except OSError as e:  # a directory, a file we may not read
+        raise ParamsError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def _parse_yaml(path: Path, text: str, parse: Callable[[str], object]):
     try:
-        raw = read_yaml(text)
+        return parse(text)
     except YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         raise ParamsError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
-    return parse_params(raw, str(path))
 
 
 def read_yaml(text: str):
@@ -107,15 +122,32 @@ def _flow_style(value: object) -> object:
     return value
 
 
+def _is_dict_parameter(path: list[str]) -> bool:
+    """Whether the schema makes the key at ``path`` a mapping parameter (keys of the user's choosing, as
+    ``judge.faults``) rather than a section (a fixed set of keys)."""
+    model = Params
+    for key in path:
+        field = model.model_fields.get(key)
+        if field is None:
+            return False
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return get_origin(model) is dict
+    return False
+
+
 def with_overrides(base: str | Path, overrides: dict[str, object] | None,
                    out: str | Path | None = "params.yaml") -> Params:
     """Write ``base`` (a params file) with dotted ``overrides`` (``{"rlhf.budget": 0.2}``) applied to ``out``,
     after validating the result; as ``dvc exp run --set-param`` does, the workspace's params.yaml changes.
     ``out=None`` only validates and returns them (a bench's command-line overrides).
 
-    A key that names no existing parameter is an error naming it (a typo must not start a long run). The file is
-    rewritten round-trip, its comments (the one-line docs of the keys) and key order kept."""
-    text = Path(base).read_text(encoding="utf-8")
+    A key that names no existing parameter is an error naming it (a typo must not start a long run); a mapping
+    parameter (``judge.faults.http_500``) may gain a key, which validation then checks. The file is rewritten
+    round-trip, its comments (the one-line docs of the keys) and key order kept."""
+    text = _read_text(Path(base))
+    # parsed as load_params will parse it first: the round-trip parser keeps a tag that the safe one refuses
+    _require_mapping(_parse_yaml(Path(base), text, read_yaml), str(base))
     raw = _round_trip_yaml().load(text)
     for dotted, value in (overrides or {}).items():
         *parents, leaf = dotted.split(".")
@@ -124,7 +156,7 @@ def with_overrides(base: str | Path, overrides: dict[str, object] | None,
             if not isinstance(node.get(key), dict):
                 raise ParamsError(f"override {dotted!r}: no section {key!r} in {base}")
             node = node[key]
-        if leaf not in node:
+        if leaf not in node and not _is_dict_parameter(parents):
             raise ParamsError(f"override {dotted!r}: no parameter {leaf!r} in {base}")
         node[leaf] = _flow_style(value)
     written = io.StringIO()

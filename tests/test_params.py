@@ -172,3 +172,43 @@ def test_params_are_read_as_dvc_writes_them(tmp_path):
     assert load_params(out).warmup.learning_rate == 1e-05 and load_params(out).tracking.experiment == "on"
     out.write_text(out.read_text().replace("learning_rate: 1e-05", "learning_rate: 5e-5"))  # written by hand
     assert load_params(out).warmup.learning_rate == 5e-5
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, r"nope\.yaml: no such file"),
+    ("", r"p\.yaml: expected a mapping of sections at the top level, got nothing \(the file is empty\)"),
+    ("# only a comment\n", r"p\.yaml: expected a mapping .*the file is empty"),
+    ("- 1\n- 2\n", r"p\.yaml: expected a mapping of sections at the top level, got a list"),
+    ("seed: 1\ntask: [unclosed\n", r"p\.yaml:3:1: not valid YAML"),
+    ("seed: 1\nseed: 2\n", r"p\.yaml:2:1: not valid YAML: found duplicate key"),
+    ("seed: !!python/object:os.system {}\n", r"p\.yaml:1:7: not valid YAML"),
+    (b"seed: 1\n\xff\n", r"p\.yaml:2: not UTF-8 text"),
+    ("dir", r"p\.yaml: cannot read it"),
+], ids=["missing", "empty", "comments-only", "list", "syntax", "duplicate-key", "python-tag", "not-utf8", "directory"])
+@pytest.mark.parametrize("read", [load_params, lambda path: with_overrides(path, {"seed": 3}, out=None)],
+                         ids=["load_params", "with_overrides"])
+def test_an_unusable_params_file_is_a_params_error_naming_it(tmp_path, content, expected, read):
+    """with_overrides (a sweep's or profile's base file) raised a bare FileNotFoundError, YAMLError or
+    UnicodeDecodeError, or, for a list, named the override as missing; load_params a bare IsADirectoryError."""
+    path = tmp_path / ("nope.yaml" if content is None else "p.yaml")
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ParamsError, match=f"^{tmp_path}/{expected}"):
+        read(path)
+
+
+def test_an_override_may_add_a_key_to_a_mapping_parameter():
+    """judge.faults.http_500 was refused as 'no parameter' because params.yaml's faults is {}, though `dvc exp run -S`
+    sets it and the schema takes it: a sweep over a fault rate could not be written."""
+    base = ROOT / "params.yaml"
+    assert with_overrides(base, {"judge.faults.http_500": 0.2}, out=None).judge.faults == {"http_500": 0.2}
+    with pytest.raises(ParamsError, match=r"judge\.faults\.http_501\.\[key\]: got 'http_501'"):
+        with_overrides(base, {"judge.faults.http_501": 0.2}, out=None)
+    with pytest.raises(ParamsError, match="no parameter 'budgt'"):  # a section's keys stay fixed
+        with_overrides(base, {"rlhf.budgt": 0.2}, out=None)
+    with pytest.raises(ParamsError, match="no section 'fault'"):
+        with_overrides(base, {"judge.fault.http_500": 0.2}, out=None)
