@@ -8,7 +8,8 @@ Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
     posttrain ui mlflow|prefect    open the MLflow or Prefect UI on this repository's stores
     posttrain judge serve          serve the local judge (OpenAI chat-completions protocol) until Ctrl-C
 
-A problem the user can fix (invalid params, missing inputs) ends the command with ``error: ...`` and exit code 2.
+A problem the user can fix (invalid params, missing inputs) ends the command with ``error: ...`` and exit code 2;
+a failed stage with ``error: ...`` (its output's last lines) and exit code 1.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 from posttrain.errors import UserError
-from posttrain.orchestration import INTERRUPT_GRACE_SECONDS, apply_prefect_settings
+from posttrain.orchestration import INTERRUPT_GRACE_SECONDS, CommandFailed, apply_prefect_settings
 from posttrain.params import load_params
 
 PREPARED = Path("data/prepared")
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except CommandFailed as e:  # a stage failed: its own output says why, a traceback of this process would not
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

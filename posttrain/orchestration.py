@@ -84,8 +84,13 @@ def stop_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+class CommandFailed(RuntimeError):
+    """A DVC command (a stage it ran) failed; the message names it and holds the output's last lines, which have
+    already reached the log as they came, so the command line ends on it without a traceback of its own."""
+
+
 def run_dvc(args: Sequence[str], extra_env: dict[str, str], log: Callable[[str], None], what: str) -> str:
-    """``python -m dvc <args>`` through ``run_logged``; its output, or a RuntimeError naming ``what`` with the
+    """``python -m dvc <args>`` through ``run_logged``; its output, or a CommandFailed naming ``what`` with the
     output's last lines if it fails."""
     env = {**os.environ, **extra_env,
            # dvc.yaml runs `python3 -m stages.<name>`: this interpreter's environment must come first on PATH
@@ -94,5 +99,5 @@ def run_dvc(args: Sequence[str], extra_env: dict[str, str], log: Callable[[str],
     code, output = run_logged([sys.executable, "-m", "dvc", *args], env, log)
     if code != 0:
         tail = "\n".join(output.splitlines()[-15:])
-        raise RuntimeError(f"{what} failed (exit {code}):\n{tail}")
+        raise CommandFailed(f"{what} failed (exit {code}):\n{tail}")
     return output

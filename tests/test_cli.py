@@ -4,6 +4,7 @@ import contextlib
 import inspect
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -139,3 +140,21 @@ def test_a_port_out_of_range_is_a_usage_error(tmp_path, monkeypatch, capsys, arg
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and f"argument --port: {argv[-1]} is not a port number" in capsys.readouterr().err
+
+
+def test_a_failed_stage_ends_run_with_its_output_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """A stage that failed under `posttrain run` ended in a RuntimeError traceback after the stage's own output."""
+    import flows.pipeline
+    from posttrain.orchestration import run_dvc
+
+    workspace(tmp_path, monkeypatch)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], check=True)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  boom:\n    cmd: python3 -c \"raise SystemExit('stage boom broke')\"\n")
+
+    def pipeline(stages):
+        run_dvc(["repro", "--single-item", "boom"], {}, lambda line: None, what="stage boom")
+
+    monkeypatch.setattr(flows.pipeline, "pipeline", pipeline)
+    assert main(["run", "boom"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: stage boom failed") and "stage boom broke" in err and "Traceback" not in err
