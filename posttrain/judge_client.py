@@ -1,8 +1,9 @@
 """A pairwise LLM judge over the OpenAI chat-completions protocol: concurrency and rate limits, timeouts,
-retries with backoff (tenacity; 429 honours Retry-After), a SQLite cache so a re-run never pays twice, and a
-cost ledger. After the retries a pair has no verdict (``None``): the caller falls back to the RM and counts
-a judge failure. The API key is read from the environment variable named in params and only ever goes
-into the Authorization header.
+retries with backoff (tenacity; a 429's or 5xx's Retry-After holds back every thread), a SQLite cache so a
+re-run never pays twice, and a cost ledger. After the retries a pair has no verdict (``None``): the caller
+falls back to the RM and counts a judge failure. An endpoint that refuses every request (401, 403, 404, no
+quota) raises ``JudgeConfigError`` instead. The API key is read from the environment variable named in params
+and only ever goes into the Authorization header.
 
 Example:
     >>> client = JudgeClient(params.judge, base_url="http://127.0.0.1:8000/v1")          # doctest: +SKIP
@@ -21,11 +22,13 @@ import time
 from email.utils import parsedate_to_datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timezone
 from pathlib import Path
 
 import httpx
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from posttrain.errors import UserError
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
 
 
@@ -41,6 +44,15 @@ class JudgeCallError(Exception):
         self.kind, self.retry_after = kind, retry_after
 
 
+class JudgeConfigError(UserError):
+    """The endpoint refuses every request (a bad or missing key, an unknown model, a wrong URL, no quota left).
+    Falling back pair by pair would quietly turn the whole run into rm_only, so the caller stops with the reason."""
+
+
+class JudgeCacheError(UserError):
+    """The cache file cannot be opened as a database."""
+
+
 def _retryable(err: BaseException) -> bool:
     return isinstance(err, JudgeCallError) and not err.kind.endswith("_fatal")
 
@@ -54,9 +66,12 @@ def retry_after_seconds(value: str | None) -> float | None:
     except ValueError:
         pass
     try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # the asctime form carries no zone; HTTP dates are GMT, not the local time
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
 
 
 def token_count(usage: dict, key: str) -> int:
@@ -65,6 +80,38 @@ def token_count(usage: dict, key: str) -> int:
         return int(usage.get(key) or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def answer_text(choice) -> str | None:
+    """The text of a completion's choice; None if it has no message. ``content`` may be null (a refusal, or a
+    reasoning model whose answer is all reasoning) or a list of text parts."""
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    content = content if isinstance(content, str) else ""
+    if not content.strip() and choice.get("finish_reason") == "stop":
+        # vLLM's reasoning parsers file a whole answer that never closed its <think> under reasoning_content (newer
+        # servers and routers say reasoning): finished, not cut off, so its last verdict is the answer
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        content = reasoning if isinstance(reasoning, str) else content
+    return content
+
+
+def server_message(raw: bytes, secret: str | None) -> str:
+    """The error a server gave, short, with the key cut out (a proxy may echo the header it refused)."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        data = json.loads(text)
+        err = data.get("error", data) if isinstance(data, dict) else data
+        text = str(err.get("message") or err.get("detail") or err) if isinstance(err, dict) else str(err)
+    except ValueError:
+        pass
+    if secret:
+        text = text.replace(secret, "***")
+    return " ".join(text.split())[:300]
 
 
 def judge_identity(cfg) -> list:
@@ -129,22 +176,27 @@ class JudgeCache:
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
-        self.db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, verdict TEXT, raw TEXT)")
-        self.db.commit()
+        try:
+            self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+            self.db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, verdict TEXT, raw TEXT)")
+            self.db.commit()
+        except sqlite3.DatabaseError as e:
+            # never replaced here: the verdicts in it were paid for
+            raise JudgeCacheError(f"judge cache {path}: {e}. Move it aside (`sqlite3 {path} .recover` salvages its "
+                                  "verdicts) or point judge.cache at another file") from None
         self.lock = threading.Lock()
 
     @staticmethod
     def key(identity: list, messages: list[dict]) -> str:
         return hashlib.sha256(json.dumps([identity, messages], sort_keys=True).encode()).hexdigest()
 
-    # A cache another process holds locked past the timeout (two runs sharing one file) costs a paid call or a lost
-    # entry, never the step: the verdict itself is in hand.
+    # A cache another process holds locked past the timeout (two runs sharing one file), or a page damaged after it
+    # opened, costs a paid call or a lost entry, never the step: the verdict itself is in hand.
     def get(self, key: str) -> str | None:
         try:
             with self.lock:
                 row = self.db.execute("SELECT verdict FROM verdicts WHERE key = ?", (key,)).fetchone()
-        except sqlite3.OperationalError as e:
+        except sqlite3.DatabaseError as e:
             log.warning("judge cache unreadable (%s): asking the judge", e)
             return None
         return row[0] if row else None
@@ -154,7 +206,7 @@ class JudgeCache:
             with self.lock:
                 self.db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", (key, verdict, raw))
                 self.db.commit()
-        except sqlite3.OperationalError as e:
+        except sqlite3.DatabaseError as e:
             log.warning("judge cache not written (%s): a re-run pays for this verdict again", e)
 
 
@@ -171,6 +223,11 @@ class RateLimiter:
             self.next = start + self.interval
         time.sleep(max(0.0, start - now))
 
+    def hold(self, seconds: float) -> None:
+        """No request starts for ``seconds``: a Retry-After speaks for the account, not for one request."""
+        with self.lock:
+            self.next = max(self.next, time.monotonic() + seconds)
+
 
 class JudgeClient:
     """Judge (question, A, B) triples; ``cfg`` is a ``JudgeParams``."""
@@ -178,46 +235,82 @@ class JudgeClient:
     def __init__(self, cfg, base_url: str, cache: JudgeCache | None = None, ledger: CostLedger | None = None):
         self.cfg = cfg
         headers = {"Content-Type": "application/json"}
-        key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
+        # a key pasted from a file keeps its newline, which no header may carry: every request would fail as a
+        # "connection" error, and httpx's message for it quotes the whole header
+        self._key = (os.environ.get(cfg.api_key_env) or "").strip() if cfg.api_key_env else ""
+        if self._key:
+            if not (self._key.isascii() and self._key.isprintable()):
+                raise ValueError(f"${cfg.api_key_env} holds characters an HTTP header cannot carry")
+            headers["Authorization"] = f"Bearer {self._key}"
+        # without a scheme every request would fail as a "connection" error, pair by pair, and the run go on as
+        # rm_only (the URL is not quoted: it may hold credentials)
+        if httpx.URL(base_url).scheme not in ("http", "https"):
+            raise ValueError("judge.base_url needs http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
         self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=cfg.timeout_s)
         self.cache = cache
         self.ledger = ledger or CostLedger(cfg.price_in_per_1k, cfg.price_out_per_1k)
         self.limiter = RateLimiter(cfg.requests_per_minute)
+        # for the client, not per judge() call: two threads judging at once must not double the requests in flight
+        self.slots = threading.BoundedSemaphore(cfg.concurrency)
         self.identity = judge_identity(cfg)
+        self.fatal: JudgeConfigError | None = None
 
-    def _once(self, messages: list[dict]) -> tuple[str, str]:
-        """One HTTP call -> (verdict, raw answer); raises JudgeCallError on anything retryable."""
-        self.limiter.wait()
-        body = {"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature}
+    def _post(self, body: dict) -> tuple[httpx.Response, bytes]:
+        """One POST and its whole body, within ``timeout_s`` in all (httpx's timeout is per read, and a server that
+        keeps the connection alive with a byte of whitespace now and then, as some routers do, would never end)."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        chunks = []
         try:
-            resp = self.http.post("/chat/completions", json=body)
+            with self.http.stream("POST", "/chat/completions", json=body) as resp:
+                for chunk in resp.iter_bytes():
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise JudgeCallError("timeout")
         except httpx.TimeoutException:
             raise JudgeCallError("timeout") from None
         except httpx.TransportError:
             raise JudgeCallError("connection") from None
         except httpx.HTTPError:  # a body that does not decode, a redirect loop: the server's fault, maybe passing
             raise JudgeCallError("bad_response") from None
-        if resp.status_code == 429:
+        return resp, b"".join(chunks)
+
+    def _once(self, messages: list[dict]) -> tuple[str, str]:
+        """One HTTP call -> (verdict, raw answer); raises JudgeCallError on anything retryable."""
+        body = {"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature}
+        with self.slots:
+            self.limiter.wait()
+            resp, raw = self._post(body)
+        status = resp.status_code
+        reason = server_message(raw, self._key) if status >= 400 else ""
+        if status in (401, 403, 404) or (status == 429 and "insufficient_quota" in raw.decode("utf-8", "replace")):
+            key_env = f" and ${self.cfg.api_key_env}" if self.cfg.api_key_env else ""
+            raise JudgeConfigError(f"the judge endpoint answered HTTP {status} for model {self.cfg.model!r}: {reason} "
+                                   f"(check judge.base_url, judge.model{key_env})")
+        if status == 429 or status in (408, 409) or status >= 500:
+            kind = "rate_limited" if status == 429 else f"http_{status}"
             retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
             if retry_after is not None and retry_after > self.cfg.max_retry_after_s:
-                # retried sooner than the server asked, it would answer 429 again and spend every retry
-                raise JudgeCallError("rate_limited_fatal")
-            raise JudgeCallError("rate_limited", retry_after)
-        if resp.status_code >= 500:
-            raise JudgeCallError(f"http_{resp.status_code}")
-        if resp.status_code >= 400:  # a client error will not fix itself: no retry
-            raise JudgeCallError(f"http_{resp.status_code}_fatal")
+                # retried sooner than the server asked, it would refuse again and spend every retry
+                raise JudgeCallError(f"{kind}_fatal")
+            if retry_after:
+                self.limiter.hold(retry_after)  # the other threads' requests would be refused too
+            raise JudgeCallError(kind, retry_after)
+        if status >= 400:  # a client error will not fix itself: no retry
+            log.warning("judge request refused, HTTP %d: %s", status, reason)
+            raise JudgeCallError(f"http_{status}_fatal")
         try:
-            data = resp.json()
-            text = data["choices"][0]["message"]["content"]
-            usage = data.get("usage") or {}
-            if not isinstance(text, str) or not isinstance(usage, dict):
-                raise TypeError
-        except (ValueError, KeyError, IndexError, TypeError):
+            data = json.loads(raw)
+        except ValueError:
             raise JudgeCallError("malformed_body") from None
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list):
+            raise JudgeCallError("malformed_body")
+        # a completion is paid for whatever it holds, a null or verdict-less answer too
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         self.ledger.add(token_count(usage, "prompt_tokens"), token_count(usage, "completion_tokens"))
+        text = answer_text(choices[0]) if choices else None
+        if text is None:
+            raise JudgeCallError("malformed_body")
         verdict = parse_verdict(text)
         if verdict is None:
             raise JudgeCallError("no_verdict")
@@ -233,6 +326,8 @@ class JudgeClient:
     def ask(self, messages: list[dict]) -> str | None:
         """The verdict for one prompt (cached), or None after the retries (the failure is in the ledger)."""
         key = JudgeCache.key(self.identity, messages)
+        if self.fatal is not None:  # the rest of a batch need not each be refused
+            raise self.fatal
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             with self.ledger.lock:
                 self.ledger.cache_hits += 1
@@ -247,6 +342,9 @@ class JudgeClient:
         except JudgeCallError as e:  # a fatal kind: not retried
             self.ledger.fail(e.kind)
             return None
+        except JudgeConfigError as e:
+            self.fatal = e
+            raise
         if self.cache is not None:
             self.cache.put(key, verdict, raw)
         return verdict

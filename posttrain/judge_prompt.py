@@ -31,6 +31,11 @@ _VERDICT = re.compile(
     r"((?-i:[AB]|[ab](?=[^\S\n]*(?:\n|$|[^\w\s])))|tie|draw)(?![\w-])",
     re.IGNORECASE)
 _BRACKETED = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)  # MT-Bench style [[A]]; [[C]] = tie
+# R1 and math-tuned judges box their final answer whatever they were told: \boxed{B}, \boxed{\text{Response A}}
+_BOXED = re.compile(r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:(?:response|assistant)\s+)?(A|B|tie|draw)\s*\}",
+                    re.IGNORECASE)
+# an answer that is nothing but the side ("B", "**A**", "Tie."): a terse model's whole verdict
+_BARE = re.compile(r"[\s*_`'\"\[(]*(A|B|tie|draw)[\s*_`'\"\]).!]*", re.IGNORECASE)
 
 
 def judge_messages(question: str, a: str, b: str, criteria: str) -> list[dict]:
@@ -57,7 +62,10 @@ def parse_verdict(text: str | None) -> str | None:
     text = re.split(r"</think>", text, flags=re.IGNORECASE)[-1]
     text = re.split(r"<think>", text, flags=re.IGNORECASE)[0]
     found = sorted([(m.start(), m.group(1)) for m in _VERDICT.finditer(text)]
-                   + [(m.start(), m.group(1)) for m in _BRACKETED.finditer(text)])
+                   + [(m.start(), m.group(1)) for m in _BRACKETED.finditer(text)]
+                   + [(m.start(), m.group(1)) for m in _BOXED.finditer(text)])
+    if not found and (bare := _BARE.fullmatch(text)):
+        found = [(0, bare.group(1))]
     if not found:
         return None
     v = found[-1][1].lower()

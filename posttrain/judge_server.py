@@ -32,6 +32,7 @@ from typing import get_args
 
 import uvicorn
 from fastapi import Body, FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
@@ -116,6 +117,31 @@ def _reset_midway(head: bytes):
     raise InjectedConnectionReset("injected connection reset")
 
 
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    """An error as OpenAI's API words it, so any client reads the reason."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+
+
+def _text_messages(messages) -> list[dict] | None:
+    """The messages with each content as one string (OpenAI also takes a list of text parts); None if malformed."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return None
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+                return None
+            content = "\n".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            return None
+        out.append({**m, "content": content})
+    return out
+
+
 def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, float] | None = None,
               seed: int = 0, hang_s: float = 30.0) -> FastAPI:
     """The OpenAI-compatible app. ``faults`` maps a fault (see FAULTS) to the probability of injecting it on a
@@ -126,6 +152,11 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
     if unknown:
         raise ValueError(f"unknown judge faults {sorted(unknown)}; expected some of {FAULTS}")
     app = FastAPI(title="posttrain judge")
+
+    @app.exception_handler(RequestValidationError)
+    async def not_a_json_object(request, exc):  # FastAPI's own answer is a 422 in a shape no OpenAI client reads
+        return _error(400, "expected a JSON object body with 'model' and 'messages'")
+
     # set by JudgeService.stop: a request held by latency or the timeout fault then answers 503 at once, rather
     # than keeping the server from stopping until it is cancelled mid-flight
     app.state.stopping = stopping = threading.Event()
@@ -151,22 +182,30 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
 
     @app.post("/v1/chat/completions")
     def chat(body: dict = Body(...)):  # a sync endpoint: FastAPI runs it in a thread pool, requests overlap
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return JSONResponse({"error": {"message": "expected a JSON body with 'messages'"}}, status_code=400)
+        # checked first: a malformed message would raise inside the backend (a bare 500 and a traceback)
+        if body.get("model") not in (None, model_name):
+            return _error(404, f"The model {body['model']!r} does not exist (this server has {model_name!r}).",
+                          "model_not_found")
+        if body.get("stream"):
+            return _error(400, "stream is not supported by this server")
+        messages = _text_messages(body.get("messages"))
+        if messages is None:
+            return _error(400, "'messages' must be a non-empty list of {'role': str, 'content': str or text parts}")
         if latency_s:
             stopping.wait(latency_s)
         fault = draw_fault()
         if fault == "timeout":
             stopping.wait(hang_s)
         if stopping.is_set():
-            return JSONResponse({"error": {"message": "the judge service is stopping"}}, status_code=503)
+            return _error(503, "the judge service is stopping")
         if fault == "http_500":
-            return JSONResponse({"error": {"message": "injected server error"}}, status_code=500)
+            return _error(500, "injected server error")
         if fault == "http_429":
-            return JSONResponse({"error": {"message": "slow down"}}, status_code=429, headers={"Retry-After": "0.2"})
+            response = _error(429, "slow down", "rate_limit_exceeded")
+            response.headers["Retry-After"] = "0.2"
+            return response
         text = "I compared them carefully and both have merit." if fault == "no_verdict" else judge(messages)
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+        prompt_tokens = sum(len(m["content"].split()) for m in messages)
         payload = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "model": model_name,
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                 "finish_reason": "stop"}],
@@ -183,21 +222,30 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def listening_socket(port: int = 0) -> socket.socket:
+    """A socket listening on 127.0.0.1 (a free port for 0). Held from here on: a port only looked up, then
+    bound by uvicorn later, can be taken in between by another process (other runs and workers share the host)."""
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a fixed port after a restart
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"the local judge service cannot listen on 127.0.0.1:{port}: {e}") from None
+    return sock
 
 
 class JudgeService:
     """The judge app under uvicorn in a background thread on 127.0.0.1 (a free port unless given)."""
 
     def __init__(self, app: FastAPI, port: int | None = None):
-        self.app, self.port = app, port or free_port()
+        self.sock = listening_socket(port or 0)
+        self.app, self.port = app, self.sock.getsockname()[1]
         # a request still hanging (the timeout fault, a slow HF judge) must not hold shutdown past a few seconds
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
     def base_url(self) -> str:
@@ -208,6 +256,7 @@ class JudgeService:
         deadline = time.time() + timeout
         while not self.server.started:
             if time.time() > deadline or not self.thread.is_alive():
+                self.stop()
                 raise RuntimeError(f"the local judge service did not start on port {self.port}")
             time.sleep(0.05)
         return self
@@ -215,10 +264,12 @@ class JudgeService:
     def stop(self) -> None:
         self.app.state.stopping.set()
         self.server.should_exit = True
-        self.thread.join(timeout=10)
-        if self.thread.is_alive():
-            self.server.force_exit = True
-            self.thread.join(timeout=5)
+        if self.thread.ident is not None:
+            self.thread.join(timeout=10)
+            if self.thread.is_alive():
+                self.server.force_exit = True
+                self.thread.join(timeout=5)
+        self.sock.close()
 
     def __enter__(self) -> "JudgeService":
         return self.start()

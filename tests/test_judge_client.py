@@ -1,7 +1,9 @@
 """The judge client against the real local service (verdicts, faults, retries, fallback, cache, cost, the key)
 and against a mock transport for protocol corners the service never sends; the verdict parser; the service."""
 import email.utils
+import json
 import logging
+import socket
 import sqlite3
 import threading
 import time
@@ -281,3 +283,251 @@ def test_an_hf_judge_retrained_in_place_is_not_served_its_old_verdicts(tmp_path)
     assert judge_identity(hf) != before
     assert judge_identity(cfg(backend="verifier", base_url=None)) == judge_identity(cfg(backend="verifier",
                                                                                         base_url=None))
+
+
+OK_BODY = {"choices": [{"message": {"content": "Verdict: A"}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+
+
+def handler_client(handler, **overrides):
+    """A client whose HTTP calls go to ``handler(request) -> httpx.Response`` (called in the caller's thread)."""
+    client = JudgeClient(cfg(**overrides), "http://judge.test/v1")
+    client.http = httpx.Client(base_url="http://judge.test/v1", transport=httpx.MockTransport(handler))
+    return client
+
+
+def test_a_key_with_a_trailing_newline_is_sent_stripped(service, monkeypatch):
+    """A key read from a file keeps its newline: no header may carry it, so every request failed as a "connection"
+    error (and httpx's message for it quoted the whole header, key included)."""
+    monkeypatch.setenv("POSTTRAIN_JUDGE_API_KEY", "sk-test-SECRET-42\n")
+    client = JudgeClient(cfg(max_retries=0), service().base_url)
+    assert client.judge(triples(1)) == ["A"] and client.ledger.failures == {}
+    assert client.http.headers["Authorization"] == "Bearer sk-test-SECRET-42"
+
+
+@pytest.mark.parametrize("status, error", [
+    (401, {"message": "Incorrect API key provided: {key}.", "type": "invalid_request_error"}),
+    (403, {"message": "Project does not have access to this model", "type": "invalid_request_error"}),
+    (429, {"message": "You exceeded your current quota.", "type": "insufficient_quota", "code": "insufficient_quota"})])
+def test_an_endpoint_that_refuses_every_request_stops_the_run_with_its_reason_but_not_the_key(monkeypatch, status,
+                                                                                            error):
+    """A bad key, a model the account cannot use or no quota left used to fail each pair in turn, quietly: the run
+    went on as rm_only with a failure count in MLflow."""
+    secret = "sk-test-SECRET-0123456789"
+    monkeypatch.setenv("POSTTRAIN_JUDGE_API_KEY", secret)
+    sent = []
+
+    def refuse(request):
+        sent.append(request)
+        return httpx.Response(status, json={"error": {**error, "message": error["message"].format(key=secret)}})
+    client = handler_client(refuse, concurrency=1, max_retries=3)
+    with pytest.raises(Exception) as err:
+        client.judge(triples(6))
+    assert type(err.value).__name__ == "JudgeConfigError" and f"HTTP {status}" in str(err.value)
+    assert error["message"].split(":")[0].split(".")[0] in str(err.value)
+    assert secret not in str(err.value) + repr(err.value) and len(sent) == 1  # neither retried nor asked again
+    with pytest.raises(type(err.value)):
+        client.judge(triples(1))
+    assert len(sent) == 1
+
+
+def test_a_wrong_model_name_gets_a_404_from_the_service_and_stops_the_client(service):
+    svc = service()
+    with pytest.raises(Exception, match="HTTP 404.*does not exist"):
+        JudgeClient(cfg(model="gpt-judge"), svc.base_url).judge(triples(2))
+
+
+def test_null_content_is_a_paid_answer_and_a_finished_answer_all_in_reasoning_is_read():
+    """vLLM's reasoning parsers put an answer that never closed its <think> in reasoning_content with content null:
+    that used to count as a malformed body and its tokens went unbilled."""
+    def answer(finish, **message):
+        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", **message},
+                                                      "finish_reason": finish}],
+                                         "usage": {"prompt_tokens": 100, "completion_tokens": 40}})
+    client, sent = mock_client([answer("stop", content=None, reasoning_content="A slips a digit.\nVerdict: B")])
+    assert client.judge(triples(1)) == ["B"] and client.ledger.tokens_out == 40 and client.ledger.calls == 1
+    # cut off mid-reasoning: its verdict was tentative, so none; still paid for, attempt by attempt
+    client, sent = mock_client([answer("length", content=None, reasoning_content="Verdict: A? Let me check")],
+                               max_retries=1)
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"no_verdict": 1}
+    assert client.ledger.calls == 2 and client.ledger.tokens_in == 200
+    client, sent = mock_client([answer("stop", content=[{"type": "text", "text": "Verdict: A"}])])
+    assert client.judge(triples(1)) == ["A"]
+    # no choice at all (a content filter), yet billed for the prompt
+    client, sent = mock_client([httpx.Response(200, json={"choices": [], "usage": {"prompt_tokens": 7}})],
+                               max_retries=0)
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"malformed_body": 1}
+    assert client.ledger.tokens_in == 7
+
+
+def test_a_server_that_trickles_bytes_is_timed_out_on_the_whole_request():
+    """httpx's timeout is per read: a server (or router) that keeps the connection alive with a space every so often
+    held the request as long as it liked."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    body = json.dumps(OK_BODY).encode()
+
+    def serve():  # one request, a space every 0.2 s for 3 s, then the answer
+        conn, _ = sock.accept()
+        with conn, sock:
+            conn.recv(65536)
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % (15 + len(body)))
+                for _ in range(15):
+                    conn.sendall(b" ")
+                    time.sleep(0.2)
+                conn.sendall(body)
+            except OSError:
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    client = JudgeClient(cfg(timeout_s=1.0, max_retries=0), f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"timeout": 1}
+    assert time.perf_counter() - start < 2.5
+
+
+def test_a_retry_after_holds_back_every_thread_not_only_the_one_refused():
+    """A 429's Retry-After is about the account: the other threads went on and were refused too."""
+    starts, lock = [], threading.Lock()
+
+    def reply(request):
+        with lock:
+            starts.append(time.monotonic())
+            first = len(starts) == 1
+        if first:
+            return httpx.Response(429, headers={"Retry-After": "1"})
+        time.sleep(0.2)
+        return httpx.Response(200, json=OK_BODY)
+    client = handler_client(reply, concurrency=2)
+    assert client.judge(triples(4)) == ["A"] * 4
+    # the request already in flight at the 429 aside, none starts within the second asked for
+    assert len(starts) == 5 and all(t - starts[0] >= 0.9 for t in sorted(starts)[2:])
+
+
+def test_the_concurrency_limit_holds_across_threads_sharing_a_client():
+    """The limit was per judge() call: two threads judging at once had twice the requests in flight."""
+    in_flight, peak, lock = [0], [0], threading.Lock()
+
+    def reply(request):
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.1)
+        with lock:
+            in_flight[0] -= 1
+        return httpx.Response(200, json=OK_BODY)
+    client = handler_client(reply, concurrency=2)
+    ts = triples(8)
+    callers = [threading.Thread(target=client.judge, args=(part,)) for part in (ts[:4], ts[4:])]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=10)
+    assert client.ledger.calls == 8 and peak[0] == 2
+
+
+def test_408_is_retried_and_a_503s_retry_after_is_honoured():
+    client, sent = mock_client([httpx.Response(408), httpx.Response(200, json=OK_BODY)])
+    assert client.judge(triples(1)) == ["A"] and len(sent) == 2
+    client, sent = mock_client([httpx.Response(503, headers={"Retry-After": "1"}), httpx.Response(200, json=OK_BODY)])
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == ["A"] and time.perf_counter() - start >= 0.9
+
+
+def test_a_retry_after_in_asctime_form_is_read_as_gmt(monkeypatch):
+    """parsedate_to_datetime gives no zone for the asctime form, and .timestamp() then read it as local time."""
+    from posttrain.judge_client import retry_after_seconds
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        wait = retry_after_seconds(time.asctime(time.gmtime(time.time() + 30)))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert 25 <= wait <= 31
+
+
+def test_a_cache_file_that_is_no_database_is_a_clear_error_and_is_left_alone(tmp_path):
+    path = tmp_path / "judge.sqlite"
+    path.write_bytes(b"not a database, but maybe a salvageable one" * 100)
+    with pytest.raises(Exception, match=f"judge cache {path}.*Move it aside"):
+        JudgeCache(path)
+    assert path.read_bytes() == b"not a database, but maybe a salvageable one" * 100
+
+
+def test_a_cache_damaged_after_it_opened_costs_calls_not_the_step(service, tmp_path, caplog):
+    """'database disk image is malformed' is a DatabaseError, not the OperationalError the cache caught."""
+    path = tmp_path / "judge.sqlite"
+    cache = JudgeCache(path)
+    for i in range(2000):
+        cache.put(f"{i:064x}", "A", "x" * 200)
+    with open(path, "r+b") as f:
+        for page in range(2, path.stat().st_size // 4096):
+            f.seek(page * 4096)
+            f.write(b"\xff" * 100)
+    client = JudgeClient(cfg(), service().base_url, cache=JudgeCache(path))
+    with caplog.at_level(logging.WARNING):
+        assert client.judge(triples(2)) == ["A", "A"] and client.ledger.calls == 2
+    assert "malformed" in caplog.text
+
+
+@pytest.mark.parametrize("body, status", [
+    (b"not json", 400), (b"[1, 2]", 400), (b'{"messages": [1, 2]}', 400), (b'{"messages": []}', 400),
+    (b'{"messages": [{"role": "user", "content": null}]}', 400),
+    (b'{"model": "verifier-judge", "messages": [{"role": "user", "content": "hi"}], "stream": true}', 400),
+    (b'{"model": "other-model", "messages": [{"role": "user", "content": "hi"}]}', 404),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}', 200)])
+def test_the_service_answers_bad_requests_as_an_openai_server_does(service, body, status):
+    """They used to crash the handler (a 500 and a traceback), pass FastAPI's 422, or be answered (any model name)."""
+    svc = service()
+    logged = []
+    handler = logging.Handler(level=logging.ERROR)
+    handler.emit = logged.append
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        resp = httpx.post(svc.base_url + "/chat/completions", content=body,
+                          headers={"Content-Type": "application/json"})
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert resp.status_code == status and logged == []
+    if status != 200:
+        assert resp.json()["error"]["message"]
+    else:
+        assert "Verdict" in resp.json()["choices"][0]["message"]["content"]
+
+
+def test_the_service_holds_its_port_from_the_moment_it_picks_it():
+    """The port was looked up, released and bound again by uvicorn later: another process could take it between."""
+    svc = JudgeService(build_app(verifier_backend(RECORDS), "verifier-judge"))
+    thief = socket.socket()
+    thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        try:
+            thief.bind(("127.0.0.1", svc.port))
+            thief.listen(1)
+        except OSError:
+            pass
+        svc.start()
+        assert JudgeClient(cfg(), svc.base_url).judge(triples(1)) == ["A"]
+    finally:
+        svc.stop()
+        thief.close()
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    ("Both compute 6 but B shows its steps.\n\n**Final Answer**\n\\boxed{B}", "B"),
+    ("Verdict: $\\boxed{\\text{A}}$", "A"), ("\\boxed{\\text{Response B}}", "B"), ("\\boxed{tie}", "tie"),
+    ("Response A's total is \\boxed{12}. Verdict: A", "A"),
+    ("B", "B"), ("**A**", "A"), ("Tie.", "tie"), ("<think>A or B...</think>\n\nB", "B"),
+    ("A or B", None), ("Response A", None)])
+def test_verdict_parser_reads_boxed_and_bare_answers(answer, verdict):
+    assert parse_verdict(answer) == verdict
+
+
+def test_a_base_url_without_a_scheme_is_refused_at_once():
+    """'127.0.0.1:8000/v1' failed every request as a connection error, pair by pair, and the run went on rm_only."""
+    with pytest.raises(ValueError, match="http:// or https://"):
+        JudgeClient(cfg(), "127.0.0.1:8000/v1")
