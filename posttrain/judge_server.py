@@ -52,6 +52,10 @@ def _verdict_text(question: str, verdicts: list[dict]) -> str:
             f"Verdict: {decision}")
 
 
+class UnknownQuestion(ValueError):
+    """The verifier judge was asked about a question its records do not hold: it cannot check the answers."""
+
+
 def verifier_backend(records: list[dict]):
     """A judge function (messages -> text) that decides by the task verifier."""
     by_question = {r["question"].strip(): r for r in records}
@@ -62,8 +66,8 @@ def verifier_backend(records: list[dict]):
             return "I can only compare two responses given in the judge prompt format. Verdict: none"
         question, a, b = parsed
         rec = by_question.get(question.strip())
-        if rec is None:
-            return f"I do not know the question {question[:60]!r}; I cannot check the answers. Verdict: tie"
+        if rec is None:  # refused, not a tie: a tie would be cached and served for good once the records are right
+            raise UnknownQuestion(f"the verifier judge has no record of the question {question[:60]!r}")
         # an own-choice response names its trajectory on the first line; plain text counts as cot
         fmts = [OWN_CHOICE if split_choice(x)[0] else "cot" for x in (a, b)]
         return _verdict_text(question, score_responses([rec, rec], fmts, [a, b]))
@@ -204,7 +208,10 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
             response = _error(429, "slow down", "rate_limit_exceeded")
             response.headers["Retry-After"] = "0.2"
             return response
-        text = "I compared them carefully and both have merit." if fault == "no_verdict" else judge(messages)
+        try:
+            text = "I compared them carefully and both have merit." if fault == "no_verdict" else judge(messages)
+        except UnknownQuestion as e:
+            return _error(400, str(e))
         prompt_tokens = sum(len(m["content"].split()) for m in messages)
         payload = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "model": model_name,
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},

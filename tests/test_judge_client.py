@@ -531,3 +531,14 @@ def test_a_base_url_without_a_scheme_is_refused_at_once():
     """'127.0.0.1:8000/v1' failed every request as a connection error, pair by pair, and the run went on rm_only."""
     with pytest.raises(ValueError, match="http:// or https://"):
         JudgeClient(cfg(), "127.0.0.1:8000/v1")
+
+
+def test_a_question_the_verifier_judge_does_not_know_is_a_failure_not_a_cached_tie(service, tmp_path):
+    """It answered "Verdict: tie", which the client cached: once the records were right the tie was still served."""
+    svc = service()
+    cache = JudgeCache(tmp_path / "cache.sqlite")
+    client = JudgeClient(cfg(), svc.base_url, cache=cache)
+    unknown = ("Compute 99 + 1.", " cot\nAnswer: 100", " cot\nAnswer: 7")
+    assert client.judge([unknown]) == [None]
+    assert client.ledger.failures == {"http_400_fatal": 1}
+    assert client.judge([unknown]) == [None] and client.ledger.cache_hits == 0  # nothing was cached
