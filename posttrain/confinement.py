@@ -7,10 +7,15 @@ kernel's, inherited across exec and irrevocable, so they hold whatever the progr
 - a new user and network namespace: no network at all (not even loopback), and no capability in the host's
   namespaces, so even a sandbox started by root is held by the process limit below and cannot open raw sockets;
 - a seccomp filter: the program cannot fork (threads it may start die with it), so nothing escapes the wall-clock
-  kill and no fork bomb reaches the host;
+  kill and no fork bomb reaches the host; nor change a file's mode, owner, times or extended attributes, which
+  Landlock does not cover: its owner (root, for a pipeline run as root) may do that to any file it can name;
 - Landlock (Linux >= 5.13): files may be read only under the given read roots, written, created or removed only
   under the sandbox directory; from ABI 4 no TCP bind or connect, from ABI 6 no signal to a process outside the
-  sandbox and no abstract UNIX socket.
+  sandbox and no abstract UNIX socket;
+- a tmpfs of its own over the sandbox directory, in a private mount namespace: RLIMIT_FSIZE caps each file, but a
+  program that writes file after file filled the host's disk (2 GB in 2 CPU seconds; RAM, where /tmp is a
+  tmpfs) and could leave a tree too deep for the caller to remove; this caps what it writes in all, and it
+  all vanishes with the process.
 
 Each layer is applied where the kernel offers it (``available_layers``); where none is, the audit hook and the
 resource limits remain. No maintained Python binding covers Landlock's network and scope rules (the ``landlock``
@@ -19,7 +24,7 @@ BPF instructions, written out here rather than taking libseccomp on as a system 
 
 Example:
     >>> sorted(available_layers())                                  # doctest: +SKIP
-    ['landlock', 'namespaces', 'seccomp']
+    ['landlock', 'namespaces', 'seccomp', 'tmpfs']
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import platform
 import struct
 import subprocess
 import sys
+import tempfile
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -39,7 +45,12 @@ _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers o
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+TMPFS_OPTIONS = b"size=16m,nr_inodes=1024,mode=0700"  # all the sandbox directory holds, in bytes and files
+# the ids the child has in its namespace: a tmpfs creates no file for an id unmapped there, and not 0, so that exec
+# drops the capabilities the namespace's creator holds in it
+_INSIDE_ID = 65534
 
 # filesystem access rights by the ABI that introduced them
 _FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -50,8 +61,14 @@ _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | 1 << 14 | 1 << 15 
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
-# seccomp: (audit arch, clone, clone3, the syscalls that only fork) by machine
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 56, 435, (57, 58)), "aarch64": (0xC00000B7, 220, 435, ())}
+# seccomp: (audit arch, clone, clone3, the syscalls refused outright) by machine; refused are fork and vfork, and
+# chmod, chown, utime and the xattr setters in every form (numbers from 452 on are the same on every architecture)
+_METADATA_NEW = (452, 463, 466, 469)  # fchmodat2, setxattrat, removexattrat, file_setattr
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, 56, 435, (57, 58, 90, 91, 92, 93, 94, 132, 188, 189, 190, 197, 198, 199, 235, 260, 261,
+                                     268, 280) + _METADATA_NEW),
+    "aarch64": (0xC00000B7, 220, 435, (5, 6, 7, 14, 15, 16, 52, 53, 54, 55, 88) + _METADATA_NEW),
+}
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -114,14 +131,14 @@ def _landlock(read_roots: list[str], write_root: str, abi: int) -> None:
 
 def _no_new_processes() -> None:
     """A seccomp filter that refuses fork, vfork and a clone that is not a thread's (RLIMIT_NPROC cannot: the kernel
-    exempts uid 0 from it in every namespace). clone3 reports ENOSYS, so the C library falls back to clone, whose
-    flags a filter can read (clone3's sit behind a pointer). A call from another ABI (a 64-bit process can still
-    make 32-bit or x32 calls with other numbers) is refused outright."""
-    arch, clone, clone3, forks = _SECCOMP_ARCH[platform.machine()]
+    exempts uid 0 from it in every namespace), and any change to a file's metadata. clone3 reports ENOSYS, so the C
+    library falls back to clone, whose flags a filter can read (clone3's sit behind a pointer). A call from another
+    ABI (a 64-bit process can still make 32-bit or x32 calls with other numbers) is refused outright."""
+    arch, clone, clone3, refused = _SECCOMP_ARCH[platform.machine()]
     deny, allow = _RET_ERRNO | errno.EPERM, _RET_ALLOW
     code = [(_LD_ABS_W, 0, 0, 4), (_JEQ, 1, 0, arch), (_RET, 0, 0, deny),  # seccomp_data.arch
             (_LD_ABS_W, 0, 0, 0), (_JGE, 0, 1, 0x40000000), (_RET, 0, 0, deny)]  # .nr; x32 calls have this bit
-    for nr in forks:
+    for nr in refused:
         code += [(_JEQ, 0, 1, nr), (_RET, 0, 0, deny)]
     code += [(_JEQ, 0, 1, clone3), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
              (_JEQ, 1, 0, clone), (_RET, 0, 0, allow),
@@ -136,10 +153,29 @@ def _no_new_processes() -> None:
     _checked(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "prctl(PR_SET_SECCOMP)")
 
 
+def _own_tmpfs(write_root: str, uid: int, gid: int) -> None:
+    """Mount a size-capped tmpfs over ``write_root`` (in the mount namespace just unshared) and enter it."""
+    maps = (("setgroups", "deny"), ("uid_map", f"{_INSIDE_ID} {uid} 1"), ("gid_map", f"{_INSIDE_ID} {gid} 1"))
+    for name, text in maps:
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    _checked(_libc.mount(b"tmpfs", os.fsencode(write_root), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                         TMPFS_OPTIONS), "mount tmpfs")
+    os.chdir(write_root)  # the working directory was set before the mount, on the directory now beneath it
+
+
 def confine(read_roots: list[str], write_root: str, layers: frozenset[str]) -> None:
     """Apply ``layers`` to the calling process: call it in the child between fork and exec (``preexec_fn``)."""
-    if "namespaces" in layers:
-        _checked(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET), "unshare")
+    uid, gid = os.getuid(), os.getgid()  # read before unsharing: unmapped, they read 65534 after
+    flags = ((_CLONE_NEWUSER | _CLONE_NEWNET) * ("namespaces" in layers)
+             | (_CLONE_NEWUSER | _CLONE_NEWNS) * ("tmpfs" in layers))
+    if flags:
+        _checked(_libc.unshare(flags), "unshare")
+    if "tmpfs" in layers:
+        _own_tmpfs(write_root, uid, gid)
     if "landlock" in layers:
         _landlock(read_roots, write_root, landlock_abi())
     if "seccomp" in layers:
@@ -148,19 +184,22 @@ def confine(read_roots: list[str], write_root: str, layers: frozenset[str]) -> N
 
 @functools.cache
 def available_layers() -> frozenset[str]:
-    """The layers this kernel applies, probed once per process: each confines a child that only starts Python."""
+    """The layers this kernel applies, probed once per process: each confines a child that starts Python and writes a
+    file in its directory."""
     if sys.platform != "linux":
         return frozenset()
-    layers, read_roots, cwd = set(), system_read_roots(), os.getcwd()  # listed here, not between fork and exec
-    candidates = (["namespaces"] + ["landlock"] * (landlock_abi() >= 1)
+    layers, read_roots = set(), system_read_roots()  # listed here, not between fork and exec
+    candidates = (["namespaces", "tmpfs"] + ["landlock"] * (landlock_abi() >= 1)
                   + ["seccomp"] * (platform.machine() in _SECCOMP_ARCH))
     for layer in candidates:
-        try:
-            subprocess.run([interpreter(), "-I", "-S", "-c", "pass"], check=True, capture_output=True, timeout=60,
-                           preexec_fn=lambda layer=layer: confine(read_roots, cwd, frozenset([layer])))
-            layers.add(layer)
-        except (subprocess.SubprocessError, OSError):
-            pass
+        with tempfile.TemporaryDirectory(prefix="posttrain-probe-") as box:
+            try:
+                subprocess.run([interpreter(), "-I", "-S", "-c", "open('probe', 'w').close()"], check=True,
+                               capture_output=True, timeout=60, cwd=box,
+                               preexec_fn=lambda layer=layer, box=box: confine(read_roots, box, frozenset([layer])))
+                layers.add(layer)
+            except (subprocess.SubprocessError, OSError):
+                pass
     return frozenset(layers)
 
 

@@ -3,18 +3,19 @@
 Layers, each closing a different hole:
 - a fresh interpreter (``python -I -S``) in an empty temporary directory, with an empty environment,
   so no secret in the parent's environment is visible;
-- kernel resource limits set before exec: CPU seconds, address space, file size, open files, and one process
-  (no fork, no thread);
+- kernel resource limits set before exec: CPU seconds, address space, file size, open files;
 - kernel confinement set before exec (``posttrain.confinement``, where the kernel offers it): no network, no
-  capability on the host, and Landlock's file rules (read the Python install and system libraries, write only the
-  temporary directory), no signal to a process outside the sandbox. These hold even against a program that gets
-  around the audit hook below;
+  capability on the host, Landlock's file rules (read the Python install and system libraries, write only the
+  temporary directory), no signal to a process outside the sandbox, no fork, no change to a file's metadata, and
+  the directory a tmpfs of 16 MiB of its own. These hold even against a program that gets around the audit hook
+  below;
 - a wall-clock timeout enforced by the parent, which kills the child's whole process group;
 - a Python audit hook installed before the program runs (it cannot be removed afterwards, and its settings live
-  in a closure the program cannot reach) that refuses sockets, subprocesses, forks, signals, ctypes, raised resource limits, file writes, creations,
-  truncations or deletions outside the temporary directory, reads outside it and the standard library, and the
-  import of the modules that reach the kernel without an audit event of their own (``_posixsubprocess`` forks
-  and execs silently; ``multiprocessing`` spawns through it);
+  in a closure the program cannot reach) that refuses sockets, subprocesses, forks, signals, ctypes, raised resource
+  limits, file writes, creations, truncations, deletions or directory handles outside the temporary directory,
+  reads outside it and the standard library, file metadata, and the import of the modules that reach the kernel
+  without an audit event of their own (``_posixsubprocess`` forks and execs silently; ``multiprocessing`` spawns
+  through it);
 - output read as it comes and capped at ``max_output_bytes``: a program that prints without end is killed at
   the cap, not buffered in the caller's memory.
 
@@ -42,46 +43,93 @@ from posttrain.confinement import available_layers, confine, interpreter, system
 
 _BOOTSTRAP = r"""
 def _install_hook():
-    # everything the hook reads lives in this closure, out of the program's reach (a module global of __main__
-    # could be rewritten through sys.modules['__main__'], and the hook would then allow everything)
+    # The hook reads only what is bound here, before the program runs: its closure, out of the program's reach (a
+    # module global of __main__ could be rewritten through sys.modules['__main__']). It calls only builtin and C
+    # functions: a name looked up at call time (any(), which the program can replace in builtins) or Python code
+    # (os.path.realpath, whose module globals the program can rewrite) would let the program answer the check. And
+    # it keeps no helper function: a refused call's traceback reaches the hook's frame, and from there a helper,
+    # whose closure cells are writable.
     import sys, os
-    tmp = os.getcwd()
-    allowed_read = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, tmp} if p)
+    type_, str_, bytes_, int_, issubclass_, PermissionError_, OSError_ = (
+        type, str, bytes, int, issubclass, PermissionError, OSError)
+    getcwd, lstat, readlink, fsencoding = os.getcwd, os.lstat, os.readlink, sys.getfilesystemencoding()
+    tmp = getcwd()
+    read_roots = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, tmp) if p})
+    read_prefixes, write_prefix = tuple(r.rstrip("/") + "/" for r in read_roots), tmp.rstrip("/") + "/"
     blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv", "pty.", "os.chdir", "os.chmod",
                "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile",
-               "resource.setrlimit", "resource.prlimit")
+               "resource.setrlimit", "resource.prlimit", "os.setxattr", "os.removexattr")
     no_import = frozenset({"_posixsubprocess", "subprocess", "_ctypes", "ctypes", "_socket", "socket",
                            "_multiprocessing", "multiprocessing", "_posixshmem", "pty", "_xxsubinterpreters",
                            "_xxinterpchannels", "gc"})  # gc: it lists every object, this hook among them
-    write_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime")
-    realpath, fsdecode, O_WRITES = os.path.realpath, os.fsdecode, (
-        os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-
-    def inside(path, roots):
-        try:
-            p = realpath(fsdecode(path))
-        except Exception:
-            return False
-        return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
+    write_events = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime"})
+    read_events = frozenset({"open", "os.listdir", "os.scandir"})
+    O_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
     def hook(event, args):
-        if event == "import" and str(args[0]).split(".")[0] in no_import:
-            raise PermissionError(f"sandbox: import {args[0]} is not allowed")
+        if event == "import":
+            if type_(args[0]) is not str_:
+                raise PermissionError_("sandbox: import of a name that is not a plain str is not allowed")
+            if args[0].partition(".")[0] in no_import:
+                raise PermissionError_(f"sandbox: import {args[0]} is not allowed")
+            return
         if event.startswith(blocked):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event in write_events and not all(inside(a, (tmp,)) for a in args if isinstance(a, (str, bytes))):
-            raise PermissionError(f"sandbox: {event} outside the sandbox directory")
-        if event == "open":
-            path, mode, flags = args
-            if isinstance(path, int):
-                return
+            raise PermissionError_(f"sandbox: {event} is not allowed")
+        if event in write_events:
+            writes = True
+            if event == "os.utime" and type_(args[0]) is int_:
+                # a descriptor opened for reading suffices to set times: a file of the Python install's, here
+                raise PermissionError_("sandbox: os.utime of a descriptor is not allowed")
+        elif event in read_events:
             # O_CREAT and O_TRUNC write even with O_RDONLY: they would create or empty a file in the Python install
-            writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & O_WRITES
-            if not inside(path, (tmp,) if writes else allowed_read):
-                raise PermissionError(f"sandbox: open({path!r}) outside the sandbox directory")
+            writes = event == "open" and (type_(args[2]) is not int_ or args[2] & O_WRITES)
+            args = args[:1]
+        else:
+            return
+        for path in args:  # a path argument comes as str or bytes (os.fspath already applied); an int is a descriptor
+            kind = type_(path)
+            if issubclass_(kind, bytes_):
+                path = bytes_.decode(path, fsencoding, "surrogateescape")
+            elif issubclass_(kind, str_):
+                path = str_.__str__(path)  # a plain copy: a subclass's own methods would run below
+            else:
+                continue
+            # os.path.realpath's work with C functions only: symlinks resolved as the kernel will (a directory link
+            # in the Python install may lead anywhere: /usr/lib/ssl/private, on Debian)
+            todo, real, links = (path if path.startswith("/") else getcwd() + "/" + path).split("/")[::-1], "", 0
+            while todo:
+                part = todo.pop()
+                if part == "" or part == ".":
+                    continue
+                if part == "..":
+                    real = real.rpartition("/")[0]
+                    continue
+                try:
+                    mode = lstat(real + "/" + part).st_mode
+                except OSError_:
+                    mode = 0  # not there (yet): the rest reads as written
+                if (mode & 0o170000) != 0o120000:
+                    real += "/" + part
+                    continue
+                links += 1
+                target = readlink(real + "/" + part) if links <= 40 else "/"
+                real = "" if target.startswith("/") else real
+                todo += target.split("/")[::-1]
+            real = real or "/"
+            if event == "open" and not writes:
+                # a directory handle only in the sandbox directory: the open event does not name the dir_fd a later
+                # call's path is relative to, so this check would read that path as relative to the sandbox's
+                try:
+                    writes = (lstat(real).st_mode & 0o170000) == 0o040000
+                except OSError_:
+                    pass
+            if writes and not (real == tmp or real.startswith(write_prefix)):
+                raise PermissionError_(f"sandbox: {event}({path!r}) outside the sandbox directory")
+            if not writes and not (real in read_roots or real.startswith(read_prefixes)):
+                raise PermissionError_(f"sandbox: {event}({path!r}) outside the sandbox directory")
 
-    with open("program.py") as f:
+    with open("../program.py") as f:  # beside the sandbox directory, which may be a tmpfs of its own by now
         code = f.read()
     sys.addaudithook(hook)
     del os.environ
@@ -117,19 +165,22 @@ def sandbox_limits(cfg) -> SandboxLimits:
     return SandboxLimits(cfg.cpu_seconds, cfg.wall_seconds, cfg.memory_mb)
 
 
-def _limit_child(limits: SandboxLimits, tmp: str):
+def _limit_child(limits: SandboxLimits, box: str, program: str):
     # probed and listed here, in the parent: between fork and exec the child only applies them
-    layers, read_roots = available_layers(), system_read_roots()
+    layers, read_roots = available_layers(), system_read_roots() + [program]
 
     def apply() -> None:
         os.setsid()  # own process group, so a timeout kills everything it started
+        # confined before it is limited: until exec the child is a copy of the caller, whose open descriptors (Ray,
+        # MLflow, torch hold hundreds) and address space are far past the limits below, so with them in force
+        # confine() could open no file (EMFILE) and allocate nothing, and no program ran at all
+        confine(read_roots, box, layers)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, 1024 * 1024))
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        confine(read_roots, tmp, layers)
 
     return apply
 
@@ -169,22 +220,57 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _remove_tree(root: str) -> None:
+    """Remove ``root`` and all a program left in it, however deep. shutil.rmtree (and TemporaryDirectory) recurse once
+    a level, so a program that nested directories past the recursion limit raised RecursionError in the caller;
+    here each pass moves the contents of root's subdirectories up into root instead."""
+    hoisted = 0
+    while entries := list(os.scandir(root)):
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
+                continue
+            os.chmod(entry.path, 0o700)  # one made with mode 0 still belongs to us
+            for sub in os.scandir(entry.path):
+                if sub.is_dir(follow_symlinks=False):
+                    os.chmod(sub.path, 0o700)  # a directory moves to another parent only if it is writable
+                while os.path.lexists(target := os.path.join(root, f".hoisted-{hoisted}")):
+                    hoisted += 1
+                os.rename(sub.path, target)
+            os.rmdir(entry.path)
+    os.rmdir(root)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal past SIGRTMIN has no name of its own
+        return f"signal {number}"
+
+
 def run_program(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Execute ``code`` in the sandbox; never raises for anything the program does."""
-    with tempfile.TemporaryDirectory(prefix="posttrain-sandbox-") as tmp:
-        Path(tmp, "program.py").write_text(code, encoding="utf-8")
+    # the program beside the directory it may write: that directory may become a tmpfs of its own, over it
+    tmp = tempfile.mkdtemp(prefix="posttrain-sandbox-")
+    try:
+        box, program = os.path.join(tmp, "box"), os.path.join(tmp, "program.py")
+        os.mkdir(box)
+        # a lone surrogate in the text is kept, for the child to fail on, not raised here
+        Path(program).write_text(code, encoding="utf-8", errors="surrogatepass")
         with subprocess.Popen(
             [interpreter(), "-I", "-S", "-c", _BOOTSTRAP],
-            cwd=tmp, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_limit_child(limits, tmp),
+            cwd=box, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_limit_child(limits, box, program),
         ) as proc:
             out, err, stopped = _read_capped(proc, limits)
             if stopped:
                 _kill(proc)
                 return SandboxResult("", False, stopped)
+    finally:
+        _remove_tree(tmp)
     if proc.returncode != 0:
         if proc.returncode < 0:
-            return SandboxResult("", False, f"killed by {signal.Signals(-proc.returncode).name}")
+            return SandboxResult("", False, f"killed by {_signal_name(-proc.returncode)}")
         lines = err.decode("utf-8", "replace").strip().splitlines()
         return SandboxResult("", False, "error: " + (lines[-1][:200] if lines else f"exit {proc.returncode}"))
     return SandboxResult(out.decode("utf-8", "replace"), True, "ok")

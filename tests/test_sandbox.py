@@ -3,12 +3,14 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from posttrain import sandbox
 from posttrain.confinement import available_layers, confine, interpreter, system_read_roots
 from posttrain.sandbox import SandboxLimits, run_program, run_programs
 
@@ -54,6 +56,9 @@ HOSTILE = [
     ("import sys\nm = sys.modules['__main__']\nm._blocked = (); m._tmp = '/'; m._allowed_read = ('/',)\n"
      "open('/tmp/posttrain-sandbox-escape', 'w').write('x')", "outside"),
     ("import gc", "import gc"),                                                 # gc.get_objects() reaches the hook
+    # a real-time signal has no name in signal.Signals: naming it raised ValueError in the caller
+    ("import signal\nsignal.raise_signal(40)", "killed by signal 40"),
+    ("print('\ud800')", "UnicodeDecodeError"),  # a lone surrogate: writing program.py raised in the caller
 ]
 
 
@@ -77,19 +82,114 @@ def test_a_read_only_open_that_creates_or_truncates_is_a_write(flags):
         target.unlink(missing_ok=True)
 
 
-def test_a_write_under_a_directory_handle_outside_the_sandbox_is_refused():
-    # the open event names the relative path only, not the directory handle it is relative to: the audit hook
-    # reads it as a path in the sandbox directory, and only the kernel's Landlock rules refuse it
-    if "landlock" not in available_layers():
+@pytest.mark.parametrize("change", [
+    "os.utime(os.open({victim!r}, os.O_RDONLY), (0, 0))",  # a descriptor opened for reading is enough for times
+    "os.setxattr({victim!r}, 'user.planted', b'1')",
+])
+def test_metadata_of_a_readable_file_outside_the_sandbox_stays(change):
+    # Landlock has no right for a file's metadata, and the audit hook let these through: the Python install's
+    # files (readable) had their times and extended attributes changed
+    victim = Path(sys.base_prefix) / f"posttrain-sandbox-probe-{uuid.uuid4().hex}.txt"
+    victim.write_text("x")
+    os.utime(victim, (1000, 1000))
+    try:
+        r = run_program("import os\n" + change.format(victim=str(victim)), FAST)
+        assert not r.ok and "not allowed" in r.reason, r.reason
+        assert victim.stat().st_mtime == 1000 and not os.listxattr(victim)
+    finally:
+        victim.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel layers", "audit hook alone"])
+def test_a_write_under_a_directory_handle_outside_the_sandbox_is_refused(kernel, monkeypatch):
+    # the open event names the relative path only, not the directory handle it is relative to: the audit hook read
+    # it as a path in the sandbox directory, and only Landlock refused it; now the hook refuses the handle itself
+    if kernel and "landlock" not in available_layers():
         pytest.skip("this kernel does not offer Landlock")
+    if not kernel:
+        monkeypatch.setattr(sandbox, "available_layers", lambda: frozenset())
     name = f"posttrain-sandbox-probe-{uuid.uuid4().hex}.txt"
     try:
         r = run_program(f"import os, sys\nfd = os.open(sys.base_prefix, os.O_RDONLY)\n"
                         f"os.open({name!r}, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)", FAST)
-        assert not r.ok and "Permission denied" in r.reason, r.reason
+        assert not r.ok and "outside the sandbox directory" in r.reason, r.reason
         assert not (Path(sys.base_prefix) / name).exists()
     finally:
         (Path(sys.base_prefix) / name).unlink(missing_ok=True)
+
+
+# the audit hook's own hold, with the kernel's layers out of the way (a kernel without Landlock): each of these made
+# its file check pass for any path, by rewriting what the check called at call time
+HOOK_BYPASSES = [
+    "import builtins\nbuiltins.any = lambda it: True\nprint(open({victim!r}).read())",
+    "import sys\nsys.modules['__main__'].any = lambda it: True\nprint(open({victim!r}).read())",
+    "import os, posixpath\ncwd = os.getcwd()\nposixpath.abspath = lambda p: cwd\n"
+    "open({victim!r}, 'w').write('planted')",
+    # a refused call's traceback reaches the hook's frame, and from it a helper whose closure cells are writable
+    """import os
+try:
+    open('/nonexistent')
+except PermissionError as e:
+    tb = e.__traceback__
+    while tb.tb_next:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    while 'inside' not in frame.f_locals:
+        frame = frame.f_back
+    cwd = os.getcwd()
+    for cell in frame.f_locals['inside'].__closure__:
+        if getattr(cell.cell_contents, '__name__', '') == 'realpath':
+            cell.cell_contents = lambda p: cwd
+print(open({victim!r}).read())
+open({victim!r}, 'w').write('planted')""",
+]
+
+
+@pytest.mark.parametrize("code", HOOK_BYPASSES)
+def test_the_audit_hook_alone_holds_against_rewriting_what_it_calls(code, tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "available_layers", lambda: frozenset())
+    victim = tmp_path / "secret.txt"
+    victim.write_text("hunter2")
+    r = run_program(code.format(victim=str(victim)), FAST)
+    assert not r.ok and "hunter2" not in r.stdout, r
+    assert victim.read_text() == "hunter2"
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel layers", "audit hook alone"])
+def test_a_directory_tree_too_deep_for_rmtree_is_removed(kernel, tmp_path, monkeypatch):
+    # shutil.rmtree recurses once a level: a tree 1500 deep raised RecursionError in the caller and stayed on disk
+    if not kernel:
+        monkeypatch.setattr(sandbox, "available_layers", lambda: frozenset())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    try:
+        r = run_program("import os\nfd = os.open('.', os.O_RDONLY)\nfor _ in range(1500):\n"
+                        "    os.mkdir('a', dir_fd=fd)\n    os.mkdir('locked', 0, dir_fd=fd)\n"
+                        "    sub = os.open('a', os.O_RDONLY, dir_fd=fd)\n    os.close(fd)\n    fd = sub\n"
+                        "print('built')", FAST)
+        assert r.ok or "No space left" in r.reason, r  # the kernel's tmpfs holds 1024 files
+        assert list(tmp_path.iterdir()) == []
+    finally:  # what a failure left would break pytest's own removal of old temporary directories, in every later run
+        subprocess.run(["rm", "-rf", "--", *map(str, tmp_path.iterdir())], check=True)
+
+
+def test_a_program_cannot_fill_the_disk():
+    # RLIMIT_FSIZE caps one file at 1 MiB, not how many: 2 GB landed in /tmp in 2 CPU seconds
+    if "tmpfs" not in available_layers():
+        pytest.skip("this kernel does not let an unprivileged process mount a tmpfs")
+    r = run_program("for i in range(64):\n    open(f'f{i}', 'wb').write(b'x' * 2**20)\nprint('wrote 64 MiB')", FAST)
+    assert not r.ok and "No space left on device" in r.reason, r
+    assert "posttrain-sandbox" not in Path("/proc/self/mountinfo").read_text()  # the mount stayed the child's
+
+
+def test_a_caller_with_many_open_files_still_runs_programs():
+    # the limits were set before confinement, in the child still holding the caller's descriptors: with 64 or more
+    # open (Ray, MLflow and torch hold hundreds), confinement could open nothing and every program raised
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(100)]
+    try:
+        assert run_program("print(6 * 7)", FAST).stdout == "42\n"
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_output_past_the_cap_stops_the_program_at_once():
@@ -150,10 +250,23 @@ attempt("read outside", lambda: open(os.path.join(outside, "secret.txt")).read()
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=2))
 attempt("fork", lambda: os.fork() or os._exit(0))
 attempt("signal the host", lambda: os.kill(host, 0))
+attempt("chmod outside", lambda: os.chmod(os.path.join(outside, "secret.txt"), 0o666))
+attempt("touch outside", lambda: os.utime(os.path.join(outside, "secret.txt"), (0, 0)))
 attempt("write inside", lambda: open("inside.txt", "w").write("x"))
+
+def fill():
+    try:
+        for i in range(24):
+            with open(f"fill{i}", "wb") as f:
+                f.write(b"x" * 2**20)
+    finally:
+        for i in range(24):
+            if os.path.exists(f"fill{i}"):
+                os.remove(f"fill{i}")
+attempt("fill 24 MiB", fill)
 """
 REFUSED_BY = {"namespaces": {"connect"}, "landlock": {"write outside", "read outside", "connect", "signal the host"},
-              "seccomp": {"fork"}}
+              "seccomp": {"fork", "chmod outside", "touch outside"}, "tmpfs": {"fill 24 MiB"}}
 
 
 @pytest.mark.parametrize("layer", sorted(REFUSED_BY))
@@ -172,4 +285,4 @@ def test_each_kernel_layer_holds_without_the_audit_hook(layer, tmp_path):
                              preexec_fn=lambda: confine(system_read_roots(), str(box), frozenset([layer])))
     seen = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
     assert {k for k, v in seen.items() if v == "refused"} == REFUSED_BY[layer], out.stdout + out.stderr
-    assert (box / "inside.txt").exists()
+    assert (box / "inside.txt").exists() == (layer != "tmpfs")  # a tmpfs's files are gone with the child
