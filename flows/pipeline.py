@@ -74,6 +74,9 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
     unknown = sorted(set(stages or []) - set(every))
     if unknown:  # a typo would otherwise run nothing and report the old metrics as this run's
         raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(every)}")
+    if profile and not Path(profile).is_file():  # typed in the Prefect UI: say what it is, not a bare OSError
+        raise ParamsError(f"profile {profile!r}: no such file (a params file such as configs/params.smoke.yaml, "
+                          "relative to the repository)")
     params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
     order = [s for s in every if stages is None or s in stages]
     experiment_id = configure(params)

@@ -1,5 +1,6 @@
 """What the flows and the report stage do with a mistyped stage, a malformed sweep metric, and a run that
 evaluated no DOTS system: a clear error before anything runs, or a report without that section's rows."""
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -38,6 +39,12 @@ def test_a_sweep_metric_without_its_stage_is_refused_when_the_file_is_read(tmp_p
     ({"targets": ["rlvr_ar3po"], "metrics": ["evaluate:accuracy"]}, "not among the targets"),
     ({"metrics": ["rlvr_ar3po:rlvr_test.acuracy"]}, "no key 'acuracy' at rlvr_test"),  # read None for every variant
     ({"targets": ["rlvr"]}, "target 'rlvr' is not a stage"),
+    ({"grid": {"rlvr.algo": ["grpo", "dapo", "grpo"]}}, "variants 0 and 2 give the same params"),  # ran twice
+    ({"grid": {"rlvr.learning_rate": [1, 1.0]}}, "variants 0 and 1 give the same params"),
+    ({"name": "-s"}, "name: got '-s'"),  # `dvc exp run --name -s-0` read the name as an option
+    ({"metrics": ["prepare:n_train"]}, "stage prepare writes no reports/metrics/prepare.json"),  # None every time
+    ({"metrics": ["rlvr_ar3po:rlvr_test.accuracy"] * 2}, "'rlvr_ar3po:rlvr_test.accuracy' listed twice"),
+    ({"grid": {"rlvr.algoo": ["grpo"]}}, r"sweep.yaml: variant rlvr.algoo=\"grpo\": .*'algoo'"),  # which file?
     # each value is valid with the others' first, but 6 heads do not divide 200: it failed at the last variant
     ({"grid": {"model.hidden_size": [192, 200], "model.num_heads": [4, 6]}}, r"num_heads \(6\).*hidden_size \(200\)"),
 ])
@@ -109,9 +116,10 @@ def test_a_sweep_report_groups_list_values_and_says_how_many_variants_ran(tmp_pa
     rows = [{"variant": f"fmt-{i}", "evaluate.formats": f'["{f}"]', "seed": s, "evaluate:accuracy": 0.5 + i / 10}
             for i, (f, s) in enumerate([("cot", 0), ("cot", 1), ("pot", 0)])]
     monkeypatch.setattr(sweep, "OUT", tmp_path)
-    report = sweep.write_report(spec, rows, planned=4).read_text()
+    opening = sweep.status(spec, 3, 4, "2026-01-01 00:00 UTC", error=RuntimeError("variant fmt-3 failed (exit 1)"))
+    report = sweep.write_report(spec, rows, 4, opening).read_text()
     # fmt-3 failed (or was stopped) and none after it ran: it was '(the rest failed)'
-    assert "3 of 4 variants (the sweep stopped at fmt-3)" in report and '["pot"]' in report
+    assert "3 of 4 variants ran" in report and "`fmt-3` failed" in report and '["pot"]' in report
 
 
 def test_a_null_grid_value_keeps_its_row_in_the_summary():
@@ -321,3 +329,200 @@ def test_a_stage_restored_from_dvcs_run_cache_is_not_reported_as_run(monkeypatch
     monkeypatch.setattr(flows.pipeline, "run_dvc", lambda args, env, echo, what: output)
     monkeypatch.setattr(flows.pipeline, "get_run_logger", lambda: logging.getLogger("test"))
     assert flows.pipeline.run_stage.fn("prepare", "parent")["ran"] is ran
+
+
+SWEEP = {"name": "s", "targets": ["rlvr_ar3po"], "grid": {"rlvr.algo": ["ar3po", "grpo"]},
+         "metrics": ["rlvr_ar3po:rlvr_test.accuracy", "rlvr_ar3po:zero_advantage_share"]}
+
+
+@pytest.fixture
+def sweep_workspace(tmp_path, monkeypatch):
+    """A workspace for flows.sweep with DVC faked: every DVC command is recorded, ``exp list`` prints ``listed``,
+    and ``exp run`` calls ``on_exp_run(variant number, its -S values)``, which does what the variant would."""
+    import logging
+    from types import SimpleNamespace
+
+    import flows.sweep as sweep
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("params.yaml", "dvc.yaml"):
+        (tmp_path / name).write_text((root / name).read_text())
+    (tmp_path / "reports/metrics").mkdir(parents=True)
+    (tmp_path / "reports/metrics/rlvr_ar3po.json").write_text(
+        json.dumps({"rlvr_test": {"accuracy": 0.6}, "zero_advantage_share": 0.1}))
+    monkeypatch.chdir(tmp_path)
+    ws = SimpleNamespace(path=tmp_path, calls=[], listed="", on_exp_run=lambda n, sets: None)
+
+    def run_dvc(args, env, log, what):
+        ws.calls.append(list(args))
+        if args[:2] == ["exp", "run"]:
+            sets = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "-S")
+            ws.on_exp_run(sum(c[:2] == ["exp", "run"] for c in ws.calls) - 1, sets)
+        return ws.listed if args[:2] == ["exp", "list"] else ""
+
+    monkeypatch.setattr(sweep, "run_dvc", run_dvc)
+    monkeypatch.setattr(sweep, "get_run_logger", lambda: logging.getLogger("sweep"))
+    monkeypatch.setattr(sweep, "run_variant", sweep.run_variant.fn)  # as a plain function: no Prefect API
+    monkeypatch.setattr(sweep, "dvc_lock", contextlib.nullcontext)
+
+    def run(spec=SWEEP):
+        (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+        return sweep.sweep.fn("sweep.yaml")
+    ws.run = run
+    return ws
+
+
+@pytest.mark.parametrize("stop, said", [
+    (RuntimeError("variant s-0 failed (exit 1):\nERROR: out of memory"),
+     "`s-0` failed:\n\n```\nvariant s-0 failed (exit 1):\nERROR: out of memory\n```"),
+    (KeyboardInterrupt(), "`s-0` was interrupted (KeyboardInterrupt)")])
+def test_a_sweep_stopped_at_its_first_variant_replaces_the_earlier_report_with_what_happened(sweep_workspace, stop,
+                                                                                          said):
+    """The report was written only once a variant had finished: the earlier sweep's stayed, looking current."""
+    out = sweep_workspace.path / "reports/sweeps"
+    out.mkdir(parents=True)
+    for ext in ("md", "csv", "png"):
+        (out / f"s.{ext}").write_text("the earlier sweep's")
+
+    def stopped(n, sets):
+        raise stop
+    sweep_workspace.on_exp_run = stopped
+    with pytest.raises(type(stop)):
+        sweep_workspace.run()
+    report = (out / "s.md").read_text()
+    assert "**Stopped**: 0 of 2 variants ran" in report and said in report
+    assert "the earlier sweep's" not in (out / "s.csv").read_text() and not (out / "s.png").exists()
+
+
+def test_a_metric_key_the_last_run_wrote_as_null_does_not_stop_the_sweep(sweep_workspace):
+    """Every metrics file writes an undefined figure as null: the sweep refused the file ('... is not a number')."""
+    from flows.sweep import load_sweep
+
+    (sweep_workspace.path / "reports/metrics/rlvr_ar3po.json").write_text(
+        '{"rlvr_test": {"accuracy": null}, "zero_advantage_share": 0.25}')
+    (sweep_workspace.path / "sweep.yaml").write_text(yaml.safe_dump(SWEEP))
+    assert load_sweep("sweep.yaml").metrics == SWEEP["metrics"]
+
+
+def test_a_metric_null_or_missing_in_a_variant_is_shown_as_missing_in_the_report(sweep_workspace):
+    def metrics(n, sets):  # s-0 could not compute its accuracy, s-1's algorithm writes no zero-advantage share
+        written = [{"rlvr_test": {"accuracy": None}, "zero_advantage_share": 0.25}, {"rlvr_test": {"accuracy": 0.7}}]
+        (sweep_workspace.path / "reports/metrics/rlvr_ar3po.json").write_text(json.dumps(written[n]))
+    sweep_workspace.on_exp_run = metrics
+    rows = sweep_workspace.run()["rows"]
+    assert [r["rlvr_ar3po:rlvr_test.accuracy"] for r in rows] == [None, 0.7]
+    assert [r["rlvr_ar3po:zero_advantage_share"] for r in rows] == [0.25, None]
+    report = (sweep_workspace.path / "reports/sweeps/s.md").read_text()
+    summary, every = (markdown_rows(part) for part in report.split("## Mean")[1].split("## Every variant"))
+    assert [row[2:4] for row in every] == [["n/a", "0.2500"], ["0.7000", "n/a"]] and "nan" not in report
+    # no value to average, and no spread over one value
+    assert [row[1:3] + row[4:6] for row in summary] == [["n/a", "n/a", "0.2500", "n/a"],
+                                                         ["0.7000", "n/a", "n/a", "n/a"]]
+
+
+def markdown_rows(text: str) -> list[list[str]]:
+    """The body rows of the first markdown table in ``text``, cell by cell."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+@pytest.mark.parametrize("fails_at", [None, 1])
+def test_the_workspace_is_put_back_as_it_was_before_the_sweep_finished_or_stopped(sweep_workspace, fails_at):
+    """dvc exp run leaves the last variant in the workspace: its params.yaml then ran under the next `dvc repro` and
+    under the next sweep's every variant (a budget swept in one sweep stayed in the next)."""
+    ws = sweep_workspace
+    (ws.path / "dvc.lock").write_text("schema: '2.0'\nstages: {}  # the user's\n")
+    (ws.path / "reports/report").mkdir(parents=True)
+    (ws.path / "reports/report/accuracy.csv").write_text("the user's run")
+
+    def files():
+        return {p.relative_to(ws.path).as_posix(): p.read_bytes() for p in ws.path.rglob("*")
+                if p.is_file() and "sweeps" not in p.parts and p.name != "sweep.yaml"}
+    before = files()
+
+    def variant(n, sets):
+        params = ws.path / "params.yaml"
+        params.write_text(params.read_text().replace("algo:", f"algo: {sets['rlvr.algo']}  # was"))
+        (ws.path / "dvc.lock").write_text(f"the lock of variant {n}")
+        (ws.path / "reports/metrics/rlvr_ar3po.json").write_text('{"rlvr_test": {"accuracy": 0.7}}')
+        (ws.path / "reports/report/accuracy.csv").unlink(missing_ok=True)
+        (ws.path / "reports/report/another.csv").write_text(f"variant {n}")
+        if n == fails_at:
+            raise RuntimeError(f"variant s-{n} failed (exit 1)")
+    ws.on_exp_run = variant
+    with pytest.raises(RuntimeError) if fails_at else contextlib.nullcontext():
+        ws.run()
+    assert files() == before
+    assert ws.calls[-1] == ["checkout", "--force", "rlvr_ar3po"]  # the target's cached outputs, as dvc.lock says
+    assert "The workspace is as it was before the sweep" in (ws.path / "reports/sweeps/s.md").read_text()
+
+
+def test_a_sweep_run_again_replaces_every_experiment_of_its_earlier_run(sweep_workspace):
+    """Only the experiments this run re-ran were replaced: s-2 of an earlier, larger grid stayed beside them."""
+    sweep_workspace.listed = "s-0\ns-1\ns-2\ns-x\nss-0\nother-1\n"
+    sweep_workspace.run()
+    runs = [c for c in sweep_workspace.calls if c[:2] in (["exp", "remove"], ["exp", "run"])]
+    assert runs[0] == ["exp", "remove", "s-0", "s-1", "s-2"] and len(runs) == 3
+
+
+def test_the_sweep_report_writes_grid_values_as_given_and_metrics_to_four_decimals(sweep_workspace):
+    """Every number was written to 4 decimals: learning rates of 1e-05 and 3e-05 were both 0.0000."""
+    sweep_workspace.run({**SWEEP, "grid": {"rlvr.learning_rate": [1e-5, 3e-5], "seed": [0, 1]}})
+    report = (sweep_workspace.path / "reports/sweeps/s.md").read_text()
+    summary, every = (markdown_rows(part) for part in report.split("## Mean")[1].split("## Every variant"))
+    assert [row[:2] for row in summary] == [["1e-05", "0.6000"], ["3e-05", "0.6000"]]
+    assert [row[1:4] for row in every] == [["1e-05", "0", "0.6000"], ["1e-05", "1", "0.6000"],
+                                           ["3e-05", "0", "0.6000"], ["3e-05", "1", "0.6000"]]
+
+
+def test_a_malformed_sweep_file_gets_one_line_per_problem_naming_its_key(tmp_path):
+    """pydantic's report spread one bad grid value over five messages and links to its docs."""
+    from flows.sweep import load_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: s\ngrid: {seed: 0, judge.faults: [{http_500: 0.1}]}\ntarget: [evaluate]\n")
+    with pytest.raises(ParamsError) as err:
+        load_sweep(path)
+    assert str(err.value).splitlines() == [
+        f"{path}: grid: seed: got 0: Input should be a valid list",
+        f"{path}: grid: judge.faults: item 1: got {{'http_500': 0.1}}, expected a number, string, true/false or null, "
+        "or a list of them (what `dvc exp run -S` sets)",
+        f"{path}: metrics: missing",
+        f"{path}: target: unknown key (the keys are name, targets, grid, metrics)"]
+
+
+@pytest.mark.parametrize("cron, problem", [("0 3 * *", "not a cron expression"), ("61 3 * * *", "not a cron"),
+                                           ("0 3 * * * *", "6 fields")])  # the sixth: seconds, 60 runs a night
+def test_serve_refuses_a_bad_cron_before_registering_anything(monkeypatch, capsys, cron, problem):
+    import flows.serve
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    served = []
+    monkeypatch.setattr(flows.serve, "serve", lambda *deployments, limit: served.append(deployments))
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}), pytest.raises(SystemExit):
+        flows.serve.main(["--cron", cron])  # was a pydantic traceback, or served
+    assert not served and f"--cron {cron!r}: {problem}" in capsys.readouterr().err
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        flows.serve.main(["--cron", "30 2 * * 1-5"])
+        flows.serve.main(["--cron", ""])
+    assert served[0][0].schedules[0].schedule.cron == "30 2 * * 1-5" and not served[1][0].schedules
+
+
+def test_serve_without_a_prefect_server_is_an_error_not_a_schedule_that_never_fires(monkeypatch, capsys):
+    import flows.serve
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setattr(flows.serve, "serve", lambda *deployments, limit: pytest.fail("served"))
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(SystemExit):
+        flows.serve.main([])
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in capsys.readouterr().err
+
+
+def test_a_pipeline_run_with_a_missing_profile_is_an_error_naming_it(monkeypatch):
+    import flows.pipeline
+
+    monkeypatch.setattr(flows.pipeline, "configure", lambda params: pytest.fail("ran"))
+    with pytest.raises(ParamsError, match=r"profile 'configs/params.smok.yaml': no such file"):
+        flows.pipeline.pipeline.fn(["report"], profile="configs/params.smok.yaml")
