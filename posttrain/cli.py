@@ -117,8 +117,9 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     if args.command == "sweep":
         apply_prefect_settings()
-        from flows.sweep import sweep as run_sweep
+        from flows.sweep import load_sweep, sweep as run_sweep
 
+        load_sweep(args.file)  # a bad file is one error line here, not a failed flow run's traceback first
         print(f"report: {run_sweep(args.file)['report']}")
         return 0
     if args.command == "judge":

@@ -158,3 +158,18 @@ def test_a_failed_stage_ends_run_with_its_output_not_a_traceback(tmp_path, monke
     assert main(["run", "boom"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: stage boom failed") and "stage boom broke" in err and "Traceback" not in err
+
+
+def test_a_bad_sweep_file_is_one_error_line_before_any_flow_starts(tmp_path, monkeypatch, capsys):
+    """The sweep file was first read inside the Prefect flow: a typo printed a failed flow run's traceback."""
+    import flows.sweep
+
+    workspace(tmp_path, monkeypatch)
+    (tmp_path / "bad.yaml").write_text("name: s\ngrid: {rlhf.budgett: [0.1]}\ntargets: [rlhf_routed]\n")
+
+    def no_flow(path):
+        raise AssertionError("the flow must not start")
+
+    monkeypatch.setattr(flows.sweep, "sweep", no_flow)
+    assert main(["sweep", "bad.yaml"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
