@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.judge_prompt import read_messages
-from posttrain.params_schema import JudgeFault
+from posttrain.online_params import JudgeFault
 from posttrain.trajectories import split_choice
 
 

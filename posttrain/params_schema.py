@@ -1,54 +1,17 @@
-"""The params.yaml schema: one pydantic model per section, every field typed and documented in one line.
+"""The params.yaml schema: one pydantic model per section, every field typed and documented in one line; the online
+RL sections (judge, rlhf, rlvr) are in ``posttrain.online_params``.
 
 Every key is required (params.yaml is the single place defaults live, so DVC tracks them all) and an unknown key
 is an error (it is almost always a typo). Loading and the one-line error messages are in ``posttrain.params``.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-
-class _Section(BaseModel):
-    # allow_inf_nan=False: every float here (limits, rates, weights, probabilities) must be finite; YAML's .inf or
-    # .nan passed the bounds that only look one way (gt=0 lets inf through) and crashed a stage later, naming no key
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-DEEPSPEED_DOC = ("a DeepSpeed JSON config for this trainer (configs/deepspeed/zero2.json, zero3.json; "
-                 "zero1_cpu.json runs on a CPU); null = plain PyTorch")
-
-
-def _existing_json(path: str | None) -> str | None:
-    """A DeepSpeed config path must name a readable JSON file (relative to the repository root)."""
-    if path is not None:
-        try:
-            json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path!r} is not a readable JSON file ({type(e).__name__})") from None
-    return path
-
-
-DeepSpeedConfig = Annotated[str | None, AfterValidator(_existing_json)]
-
-
-def _http_url(url: str | None) -> str | None:
-    """An endpoint must be an http:// or https:// URL with a host, and a port (if any) in 1-65535."""
-    if url is not None:
-        parts = urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError:  # not a number, or past 65535
-            port = 0
-        # not quoted: the URL may hold credentials
-        if url != url.strip() or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-            raise ValueError("expected an http:// or https:// URL with a host and, if given, a port in 1-65535 "
-                             "(e.g. http://127.0.0.1:8000/v1)")
-    return url
+from posttrain.online_params import JudgeParams, RlhfParams, RlvrParams
+from posttrain.params_fields import DEEPSPEED_DOC, DeepSpeedConfig, Section
 
 
 # METHODS.md section 1's action space (posttrain/trajectories.py builds it; tests check the two agree), written out
@@ -58,13 +21,13 @@ TRAJECTORY_NAMES = tuple(f"{analysis}{solution}{verify}" for analysis in ("", "r
 DOTS_SYSTEMS = ("dots_internal", "dots_external", "sft_vanilla")  # what evaluate.dots adds (stages/evaluate.py)
 
 
-class JsonlFiles(_Section):
+class JsonlFiles(Section):
     train: str = Field(description="path of the training JSONL")
     dev: str = Field(description="path of the development JSONL")
     test: str = Field(description="path of the test JSONL")
 
 
-class TaskParams(_Section):
+class TaskParams(Section):
     source: Literal["synthetic", "jsonl"] = Field(description="generate the arithmetic domain, or ingest JSONL files")
     jsonl: JsonlFiles | None = Field(description="the user's files when source is jsonl, else null")
     max_difficulty: int = Field(ge=1, description="synthetic: hardest level = number of operations")
@@ -87,7 +50,7 @@ class TaskParams(_Section):
         return self
 
 
-class PrepareParams(_Section):
+class PrepareParams(Section):
     n_train: int = Field(ge=1, description="synthetic: training questions")
     n_dev: int = Field(ge=1, description="synthetic: development questions")
     n_test: int = Field(ge=1, description="synthetic: test questions")
@@ -95,7 +58,7 @@ class PrepareParams(_Section):
         description="an id/question shared across splits: stop, or drop it from the later split")
 
 
-class ModelParams(_Section):
+class ModelParams(Section):
     base: str = Field(min_length=1, description="'scratch', a Hugging Face hub id, or a local model directory")
     vocab_size: int = Field(ge=64, description="scratch: BPE vocabulary size")
     split_digits: bool = Field(description="scratch: one token per digit (else BPE may merge whole numbers)")
@@ -116,7 +79,7 @@ class ModelParams(_Section):
         return self
 
 
-class TrainingParams(_Section):
+class TrainingParams(Section):
     max_steps: int = Field(ge=1, description="optimizer steps")
     batch_size: int = Field(ge=1, description="sequences per device batch")
     grad_accum: int = Field(ge=1, description="gradient accumulation steps")
@@ -144,7 +107,7 @@ class SftParams(TrainingParams):
                                                 "kept and min_examples 0, the planners are copies of the solver")
 
 
-class SandboxParams(_Section):
+class SandboxParams(Section):
     """Limits for every model-written program (DOTS ``pot``), wherever it runs."""
 
     cpu_seconds: int = Field(ge=1, description="CPU time per program")
@@ -153,7 +116,7 @@ class SandboxParams(_Section):
     workers: int = Field(ge=1, description="programs run at once")
 
 
-class DotsSearchParams(_Section):
+class DotsSearchParams(Section):
     n_questions: int | None = Field(ge=1, description="search the first n training questions (null = all)")
     iterations: int = Field(ge=1, description="K: search iterations")
     n_eval: int = Field(ge=1, description="N_eval: samples per candidate trajectory per iteration")
@@ -181,7 +144,7 @@ class DotsSearchParams(_Section):
         return self
 
 
-class SeppoSampleParams(_Section):
+class SeppoSampleParams(Section):
     """SePPO reference sampling (METHODS.md section 2): reference responses from earlier SFT checkpoints."""
 
     n_prompts: int | None = Field(ge=1, description="sample for the first n training prompts (null = all)")
@@ -193,7 +156,7 @@ class SeppoSampleParams(_Section):
     max_new_tokens: int = Field(ge=1, description="generation length cap")
 
 
-class PreferenceBenchmarkParams(_Section):
+class PreferenceBenchmarkParams(Section):
     """The held-out preference benchmark, built from the test split only."""
 
     samples_per_checkpoint: int = Field(ge=1, description="responses per test question from each checkpoint")
@@ -246,121 +209,7 @@ class PolicyOptParams(TrainingParams):
     beta: float = Field(gt=0, description="inverse temperature of the preference loss")
 
 
-JudgeFault = Literal["http_500", "http_429", "timeout", "malformed_json", "truncated_json", "no_verdict",
-                     "connection_reset"]
-
-
-class JudgeParams(_Section):
-    """The pairwise LLM judge (OpenAI chat-completions protocol) and the local judge service."""
-
-    base_url: Annotated[str | None, AfterValidator(_http_url)] = Field(
-        description="an OpenAI-compatible endpoint (e.g. http://host:8000/v1); null = start the local judge service")
-    model: str = Field(min_length=1, description="model name sent to the endpoint (and part of the cache key)")
-    api_key_env: str | None = Field(description="environment variable holding the API key (never logged)")
-    backend: Literal["verifier", "hf"] = Field(description="local service: task verifier or a local HF model")
-    hf_model: str = Field(description="local service, hf backend: the model directory or hub id")
-    criteria: str = Field(min_length=1, description="what the judge is told to compare")
-    both_orders: bool = Field(description="ask (A, B) and (B, A); disagreement counts as a tie")
-    temperature: float = Field(ge=0, description="judge sampling temperature")
-    concurrency: int = Field(ge=1, description="requests in flight at once")
-    requests_per_minute: float = Field(gt=0, description="request starts per minute, at most")
-    timeout_s: float = Field(gt=0, description="per-request timeout")
-    max_retries: int = Field(ge=0, description="retries after a failed request, then fall back to the RM")
-    backoff_s: float = Field(ge=0, description="first retry wait (exponential with jitter after)")
-    max_backoff_s: float = Field(ge=0, description="longest wait between retries of our own choosing")
-    max_retry_after_s: float = Field(ge=0, description="longest Retry-After honoured; a 429 asking for longer fails "
-                                                       "the pair at once")
-    price_in_per_1k: float = Field(ge=0, description="price per 1000 prompt tokens")
-    price_out_per_1k: float = Field(ge=0, description="price per 1000 completion tokens")
-    cache: str = Field(min_length=1, description="SQLite verdict cache (kept across runs: a re-run never pays twice)")
-    latency_s: float = Field(ge=0, description="local service: added latency per request")
-    faults: dict[JudgeFault, float] = Field(description="local service: fault -> probability per request (http_500, "
-                                                        "http_429, timeout, malformed_json, truncated_json, "
-                                                        "no_verdict, connection_reset)")
-
-    @field_validator("faults")
-    @classmethod
-    def _probabilities(cls, v: dict[str, float]) -> dict[str, float]:
-        if any(not 0 <= p <= 1 for p in v.values()) or sum(v.values()) > 1:
-            raise ValueError("each probability must be in [0, 1] and they must sum to at most 1")
-        return v
-
-
-class OnlinePolicyParams(_Section):
-    """What every online policy-gradient stage (TRL GRPOTrainer) shares."""
-
-    prompts_per_step: int = Field(ge=1, description="prompts (groups) per optimizer step and per process")
-    max_steps: int = Field(ge=1, description="optimizer steps")
-    learning_rate: float = Field(gt=0, description="policy learning rate")
-    kl_beta: float = Field(ge=0, description="KL penalty to the reference (SFT) policy")
-    clip_epsilon: float = Field(gt=0, description="PPO-style ratio clip")
-    temperature: float = Field(gt=0, description="sampling temperature of the policy")
-    max_new_tokens: int = Field(ge=1, description="response length cap")
-    dev_every: int = Field(ge=1, description="dev accuracy every this many steps")
-    n_dev: int = Field(ge=1, description="dev questions for that accuracy")
-    save_steps: int = Field(ge=1, description="checkpoint every this many steps (resume point)")
-    deepspeed: DeepSpeedConfig = Field(description=DEEPSPEED_DOC)
-    vllm: Literal["colocate", "server"] | None = Field(
-        description="rollouts through TRL's vLLM integration (GPUs): colocate = an engine in the trainer's process, "
-                    "server = `trl vllm-serve` at vllm_server_url; null = HF generate")
-    vllm_server_url: str = Field(description="vllm: server mode: the `trl vllm-serve` address, weights synced to it")
-
-    @field_validator("vllm_server_url")
-    @classmethod
-    def _server_address(cls, v: str, info: ValidationInfo) -> str:
-        # read in server mode only, where TRL's client cannot reach an address such as localhost:8000 (read as the
-        # scheme 'localhost'): it retries for vllm_server_timeout (240 s), then raises ConnectionError
-        return _http_url(v) if info.data.get("vllm") == "server" else v
-
-
-class RlhfParams(OnlinePolicyParams):
-    """Uncertainty-routed online RLHF (the `rlhf_routed` stage), on TRL's GRPOTrainer."""
-
-    routing: Literal["uncertainty", "uncertainty_budget", "random", "rm_only", "judge_only"] = Field(
-        description="which pairs the judge decides")
-    threshold: float = Field(ge=0, description="uncertainty: route pairs whose route_score is above this: u_ij "
-                                               "(train_rm.uncertainty_score), or with expected_gain the gain a verdict "
-                                               "is expected to bring (0 to 4; a verdict on an even pair brings 2)")
-    budget: float = Field(ge=0, le=1, description="uncertainty_budget / random: share of each step's "
-                                                   "non-identical pairs judged (a share of judge_only's cost)")
-    uncertainty_reduce: Literal["mean", "max"] = Field(description="u_ij from the two orders: mean or max")
-    same_answer: Literal["judge", "skip", "tie"] = Field(
-        description="pairs whose final answers agree: routed like any other (judge), never routed so the PM decides "
-                    "(skip), or scored a tie without a call (tie: the judge's first criterion cannot split them)")
-    route_score: Literal["uncertainty", "expected_gain"] = Field(
-        description="what uncertainty routing ranks (or thresholds) pairs by: the PM's uncertainty u_ij (METHODS.md), "
-                    "or how far a verdict is expected to raise s_ij toward the right response (expected_gain: which "
-                    "side is right from the PM's calibrated probability and the shares of the two final answers among "
-                    "the prompt's responses, times the chance the pair is decisive, from those shares too)")
-    route_unit: Literal["pair", "comparison"] = Field(
-        description="what a budget counts and the policy picks: pairs (METHODS.md), or distinct comparisons (a group "
-                    "holding one response twice has several pairs that are one judge call; a budget is then a share "
-                    "of the calls judge_only pays, and a comparison ranks by the sum of its copies' scores)")
-    advantage_scale: float = Field(gt=0, description="A_i = scale / (n - 1) * sum_j s_ij")
-    n_responses: int = Field(ge=2, description="responses sampled per prompt (GRPO's num_generations)")
-    pm_batch_size: int = Field(ge=1, description="pairs per PM scoring batch")
-    eval_budgets: list[Annotated[float, Field(ge=0, le=1)]] = Field(
-        min_length=1, description="routing evaluation: judge budgets on the benchmark (shares of its pairs)")
-    eval_seeds: int = Field(ge=1, description="routing evaluation: seeds of random routing")
-
-
-class RlvrParams(OnlinePolicyParams):
-    """RLVR with the task verifier as reward (the `rlvr_ar3po` stage): AR3PO, or GRPO / DAPO as baselines."""
-
-    algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
-    n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
-    stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
-    k: int = Field(ge=2, description="ar3po: responses per active prompt per stage (TRL's num_generations: >= 2)")
-    buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
-    buffer_seed: Literal["none", "reference"] = Field(
-        description="ar3po: the replay buffer before step 1: empty, or each training question's reference solution "
-                    "(verified); reuse then fires on every all-wrong group, not only on questions seen before")
-    max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
-    n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
-                                                   "(null = all); reuse needs prompts that come back")
-
-
-class EvaluateParams(_Section):
+class EvaluateParams(Section):
     models: list[str] = Field(min_length=1, description="model directories under models/ to evaluate")
     n_test: int | None = Field(ge=1, description="evaluate on the first n test questions (null = all)")
     dots: bool = Field(
@@ -400,7 +249,7 @@ class EvaluateParams(_Section):
         return self
 
 
-class GenerationParams(_Section):
+class GenerationParams(Section):
     """The engine behind evaluation, DOTS search and SePPO sampling; training always generates with HF."""
 
     engine: Literal["hf", "vllm"] = Field(description="hf = transformers generate (the CPU default); vllm = vLLM's engine")
@@ -412,7 +261,7 @@ class GenerationParams(_Section):
     tensor_parallel_size: int = Field(ge=1, description="vllm: GPUs per engine")
 
 
-class TrackingParams(_Section):
+class TrackingParams(Section):
     uri: str = Field(description="MLflow tracking URI (default: a SQLite file in the repo)")
     artifact_root: str = Field(description="where a new experiment stores artifacts")
     experiment: str = Field(min_length=1, description="MLflow experiment name")
@@ -424,7 +273,7 @@ def _synthetic_n_train(info: ValidationInfo) -> int | None:
     return prepare.n_train if task is not None and prepare is not None and task.source == "synthetic" else None
 
 
-class Params(_Section):
+class Params(Section):
     seed: int = Field(description="seeds data generation, model init, training and sampling")
     task: TaskParams
     prepare: PrepareParams
