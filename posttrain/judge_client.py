@@ -242,11 +242,6 @@ class JudgeClient:
             if not (self._key.isascii() and self._key.isprintable()):
                 raise ValueError(f"${cfg.api_key_env} holds characters an HTTP header cannot carry")
             headers["Authorization"] = f"Bearer {self._key}"
-        # without a scheme every request would fail as a "connection" error, pair by pair, and the run go on as
-        # rm_only (the URL is not quoted: it may hold credentials). "" is no endpoint: a rank other than 0 of a
-        # multi-process run, which never asks the judge
-        if base_url and httpx.URL(base_url).scheme not in ("http", "https"):
-            raise ValueError("judge.base_url needs http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
         self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=cfg.timeout_s)
         self.cache = cache
         self.ledger = ledger or CostLedger(cfg.price_in_per_1k, cfg.price_out_per_1k)

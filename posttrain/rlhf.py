@@ -280,12 +280,16 @@ class RoutedPairwiseReward:
 class RoutingStateCallback(TrainerCallback):
     """Saves into every checkpoint what the run has counted so far (routing totals, the judge's ledger, the routing
     RNG), so the figures of a resumed run cover the whole run. ``ROUTING_STATE`` is written after the Trainer's own
-    files and the dev history (callbacks run in order), so a checkpoint counts as complete only when it is there."""
+    files and the dev history (callbacks run in order), so a checkpoint counts as complete only when it is there.
+    Under a multi-process launch the counts are rank 0's (it routes every step; the other ranks hold no judge) and
+    rank 0 alone writes them: another rank's empty totals would otherwise race them into the file."""
 
     def __init__(self, reward: RoutedPairwiseReward):
         self.reward = reward
 
     def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
         atomic_write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / ROUTING_STATE,
                           {"totals": dict(self.reward.totals), "ledger": self.reward.judge.ledger.state_dict(),
                            "rng": rng_state(self.reward.rng)})
@@ -293,7 +297,8 @@ class RoutingStateCallback(TrainerCallback):
     def restore(self, checkpoint: str | Path) -> None:
         saved = json.loads((Path(checkpoint) / ROUTING_STATE).read_text())
         self.reward.totals.update(saved["totals"])
-        self.reward.judge.ledger.load_state_dict(saved["ledger"])
+        if self.reward.judge is not None:  # None on ranks other than 0
+            self.reward.judge.ledger.load_state_dict(saved["ledger"])
         set_rng_state(self.reward.rng, saved["rng"])
 
 

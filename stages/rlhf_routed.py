@@ -98,8 +98,8 @@ def main() -> None:
 
             # 2. GRPO with the routed pairwise reward
             ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
-            reward = RoutedPairwiseReward(pm, JudgeClient(params.judge, base_url, cache, ledger), cfg, params.seed,
-                                          params.sandbox)
+            judge = JudgeClient(params.judge, base_url, cache, ledger) if main_process else None
+            reward = RoutedPairwiseReward(pm, judge, cfg, params.seed, params.sandbox)
             dev_cb = train_routed_policy(POLICY, reward, train, dev, params, OUT, CHECKPOINTS,
                                          key_files=[Path(PM_DIR), DATA / "train.jsonl"],
                                          curve=CURVE_DIR / "rlhf_routed.csv")

@@ -3,6 +3,7 @@ one model with DDP on the CPU (gloo), and only rank 0 writes the model, the curv
 roll out once per step over both ranks' prompts (one replay buffer, one routing budget, one judge ledger)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,9 @@ def test_rlhf_routed_on_two_ranks_routes_the_whole_step_on_one_budget(rl_inputs,
     routed = metric_history(rl_inputs, "rlhf_routed", "routing/routed_fraction")
     assert sum(routed) > 0 and metrics["judge_total.calls"] > 0
     assert done.stdout.count("rlhf_routed: test accuracy") == 1
+    # the last checkpoint holds rank 0's counts (what a resumed run starts from), not another rank's empty ones
+    from posttrain.rlhf import ROUTING_STATE
+
+    last = max(rl_inputs.glob("checkpoints/rlhf_routed/*/checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    saved = json.loads((last / ROUTING_STATE).read_text())
+    assert saved["totals"]["pairs"] == sum(pairs) and saved["ledger"]["calls"] == metrics["judge_total.calls"]

@@ -1,11 +1,13 @@
 """Routing: the policies and their budget, verdicts as antisymmetric logits, the pairwise advantage, and the
 routed reward a GRPO step calls (stub PM and judges)."""
+import json
 import random
 
 import pytest
 import torch
 
 from posttrain.params import load_params
+from posttrain.rng_state import rng_state
 from posttrain.routing import (antisymmetrize, apply_verdicts, budget_count, decisive_chance, expected_gain,
                                pairwise_advantages, right_side, route_batch)
 from posttrain.uncertainty import pair_uncertainty
@@ -332,6 +334,28 @@ def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
     assert dict(again.totals) == {"pairs": 48, "routed": 8, "judge_failures": 1}
     assert ledger_again.state_dict() == ledger.state_dict() and ledger_again.cost == ledger.cost
     assert again.rng.random() == reward.rng.random()  # the same draws continue
+
+
+def test_a_rank_other_than_0_neither_writes_the_routing_state_nor_needs_a_judge_to_resume(tmp_path):
+    """Rank 0 routes every step; another rank's totals are empty. It used to write them too, racing rank 0's into
+    the checkpoint, and could mark a checkpoint complete while rank 0 was still saving the model."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from posttrain.rlhf import ROUTING_STATE, RoutedPairwiseReward, RoutingStateCallback
+
+    other_rank = RoutedPairwiseReward(pm=None, judge=None, cfg=None, seed=7)
+    (tmp_path / "checkpoint-2").mkdir()
+    RoutingStateCallback(other_rank).on_save(SimpleNamespace(output_dir=str(tmp_path)),
+                                             TrainerState(global_step=2, is_world_process_zero=False),
+                                             TrainerControl())
+    assert not (tmp_path / "checkpoint-2" / ROUTING_STATE).exists()
+
+    (tmp_path / "checkpoint-2" / ROUTING_STATE).write_text(json.dumps(
+        {"totals": {"pairs": 48}, "ledger": {"calls": 3}, "rng": rng_state(random.Random(1))}))
+    RoutingStateCallback(other_rank).restore(tmp_path / "checkpoint-2")
+    assert other_rank.totals["pairs"] == 48
 
 
 def test_a_verdict_bought_for_one_copy_serves_every_copy_under_route_unit_pair():
