@@ -11,6 +11,7 @@ from the one before it.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -89,9 +90,18 @@ def save_trained(trainer, tokenizer, out: str | Path) -> None:
     ``Trainer.save_model`` (which also gathers ZeRO-3 shards under DeepSpeed) pickles the run's arguments beside
     the weights; their output_dir is the checkpoint key, which moves with any change to the stage's code, so
     bit-identical weights would get a new DVC hash and re-run every stage downstream. The Trainer's
-    checkpoints keep their copy for resuming."""
+    checkpoints keep their copy for resuming.
+
+    The tokenizer is saved without the padding and truncation of its last call: a fast tokenizer keeps them in its
+    backend and writes them into tokenizer.json (where ``from_pretrained`` takes its default padding side from
+    them), so the file depended on what ran last, and a run resumed at its final checkpoint, which tokenizes
+    nothing, saved another file than the run it resumed."""
     trainer.save_model(str(out))
-    tokenizer.save_pretrained(out)
+    as_loaded = copy.deepcopy(tokenizer)  # the caller's tokenizer keeps its state
+    if getattr(as_loaded, "backend_tokenizer", None) is not None:
+        as_loaded.backend_tokenizer.no_padding()
+        as_loaded.backend_tokenizer.no_truncation()
+    as_loaded.save_pretrained(out)
     (Path(out) / TRAINING_ARGS_NAME).unlink(missing_ok=True)
 
 

@@ -285,3 +285,21 @@ def test_a_run_resumed_with_fewer_workers_keeps_what_the_killed_run_finished(sta
     more_cpu = params.sandbox.model_copy(update={"cpu_seconds": params.sandbox.cpu_seconds + 1})
     tighter = params.model_copy(update={"sandbox": more_cpu})
     assert claim_checkpoint_dir(tmp_path, result_params(tighter, sections), params.seed, []) != first
+
+
+def test_the_saved_tokenizer_is_the_loaded_one_whatever_the_last_call_padded(tmp_path):
+    """A fast tokenizer wrote its last call's padding into tokenizer.json: RLVR's model, saved after TRL's
+    left-padded generation, held a padding section, while the same run resumed at its final checkpoint (no call)
+    held none, so the output's hash depended on whether the stage resumed."""
+    from types import SimpleNamespace
+
+    from posttrain.checkpoints import save_trained
+    from posttrain.modeling import train_tokenizer
+
+    tokenizer = train_tokenizer(["Compute 12 + 30.", "Answer: 42"] * 20, vocab_size=300)
+    tokenizer.save_pretrained(tmp_path / "loaded")
+    tokenizer(["Compute 1 + 2.", "Answer: 3 and more"], padding=True, truncation=True, max_length=8)
+    trainer = SimpleNamespace(save_model=lambda out: None)
+    save_trained(trainer, tokenizer, tmp_path / "saved")
+    assert (tmp_path / "saved/tokenizer.json").read_bytes() == (tmp_path / "loaded/tokenizer.json").read_bytes()
+    assert tokenizer.backend_tokenizer.padding is not None  # the caller's tokenizer is left as it was
