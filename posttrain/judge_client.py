@@ -115,11 +115,16 @@ def server_message(raw: bytes, secret: str | None) -> str:
 
 
 def judge_identity(cfg) -> list:
-    """Who answers, for the cache key: the model name and temperature, and for the local service its backend
-    (the default model name is the same whichever backend serves it, and a verifier's verdicts must not be served
-    as an HF model's); an HF judge also by its files' sizes and times, so one retrained in place is asked anew."""
-    local = [cfg.backend, cfg.hf_model if cfg.backend == "hf" else None] if cfg.base_url is None else []
-    if cfg.base_url is None and cfg.backend == "hf" and Path(cfg.hf_model).is_dir():
+    """Who answers, for the cache key: the model name and temperature; a remote judge also by its endpoint (one
+    model name served by two servers, say a quantised copy, is two judges), credentials left out; the local
+    service by its backend (the default model name is the same whichever backend serves it, and a verifier's
+    verdicts must not be served as an HF model's), an HF judge also by its files' sizes and times, so one retrained
+    in place is asked anew. The local service's URL is left out: its port is new on every run."""
+    if cfg.base_url is not None:
+        url = httpx.URL(cfg.base_url)
+        return [cfg.model, cfg.temperature, [url.scheme, url.host, url.port, url.path.rstrip("/")]]
+    local = [cfg.backend, cfg.hf_model if cfg.backend == "hf" else None]
+    if cfg.backend == "hf" and Path(cfg.hf_model).is_dir():
         local.append(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
                             for f in Path(cfg.hf_model).iterdir() if f.is_file()))
     return [cfg.model, cfg.temperature, *local]
@@ -250,6 +255,9 @@ class JudgeClient:
         self.slots = threading.BoundedSemaphore(cfg.concurrency)
         self.identity = judge_identity(cfg)
         self.fatal: JudgeConfigError | None = None
+        # until the endpoint has answered once, a refused connection is a wrong address or a server that is not up,
+        # not a passing fault: after the retries it stops the stage instead of failing every pair in turn
+        self.reached = False
 
     def _post(self, body: dict) -> tuple[httpx.Response, bytes]:
         """One POST and its whole body, within ``timeout_s`` in all (httpx's timeout is per read, and a server that
@@ -262,8 +270,11 @@ class JudgeClient:
                     chunks.append(chunk)
                     if time.monotonic() > deadline:
                         raise JudgeCallError("timeout")
+                self.reached = True  # the server answered (with any status): it exists
         except httpx.TimeoutException:
             raise JudgeCallError("timeout") from None
+        except httpx.ConnectError:
+            raise JudgeCallError("connection" if self.reached else "unreachable") from None
         except httpx.TransportError:
             raise JudgeCallError("connection") from None
         except httpx.HTTPError:  # a body that does not decode, a redirect loop: the server's fault, maybe passing
@@ -273,6 +284,8 @@ class JudgeClient:
     def _once(self, messages: list[dict]) -> tuple[str, str]:
         """One HTTP call -> (verdict, raw answer); raises JudgeCallError on anything retryable."""
         body = {"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature}
+        if self.cfg.max_tokens is not None:
+            body["max_tokens"] = self.cfg.max_tokens
         with self.slots:
             self.limiter.wait()
             resp, raw = self._post(body)
@@ -333,7 +346,15 @@ class JudgeClient:
         try:
             verdict, raw = retrying(self._once, messages)
         except RetryError as e:
-            self.ledger.fail(e.last_attempt.exception().kind)
+            kind = e.last_attempt.exception().kind
+            self.ledger.fail(kind)
+            if kind == "unreachable" and not self.reached:
+                url = self.http.base_url  # scheme, host and port only: the URL may hold credentials
+                where = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+                self.fatal = JudgeConfigError(
+                    f"the judge endpoint {where} could not be connected to in "
+                    f"{self.cfg.max_retries + 1} attempts (check judge.base_url, and that the server is up)")
+                raise self.fatal from None
             return None
         except JudgeCallError as e:  # a fatal kind: not retried
             self.ledger.fail(e.kind)

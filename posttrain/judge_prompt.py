@@ -22,13 +22,15 @@ INSTRUCTIONS = ("Compare the two responses by these criteria: {criteria}\n"
 # then the side. "answer" only counts with a colon ("Final answer: B"): "Response A's answer is a wrong number" is
 # reasoning, not a verdict for A. An uppercase A/B always counts; a lowercase a/b only standing alone (before the
 # line's end, punctuation or markdown: "verdict: b."), since before a word it is the article ("the winner is a
-# response that...", "my verdict: a slight edge to B"), and that would override the real verdict above it.
+# response that...", "my verdict: a slight edge to B"), and that would override the real verdict above it. A side
+# named with the other ("Verdict: A and B are equally good", "A or B") is no verdict for either.
 _GAP = r"[\s*_\"'`\[\(]*"
 _VERDICT = re.compile(
     r"(?:(?:verdict|winner|better response|preferred response)" + _GAP + r"(?:is\b" + _GAP + r")?"
     r"|answer[*\"'`]*\s*(?=[:=]))(?:[:=\-–—]" + _GAP + r")?(?:(?:response|assistant)\b" + _GAP + r")?"
     r"(?:a\s+(?=tie|draw))?"
-    r"((?-i:[AB]|[ab](?=[^\S\n]*(?:\n|$|[^\w\s])))|tie|draw)(?![\w-])",
+    r"((?-i:[AB]|[ab](?=[^\S\n]*(?:\n|$|[^\w\s])))|tie|draw)(?![\w-])"
+    r"(?!\s*(?:and|or|&|/|vs\.?|versus|nor)\s*(?:response\s+)?[AB]\b)",
     re.IGNORECASE)
 _BRACKETED = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)  # MT-Bench style [[A]]; [[C]] = tie
 # R1 and math-tuned judges box their final answer whatever they were told: \boxed{B}, \boxed{\text{Response A}}

@@ -26,6 +26,8 @@ class JudgeParams(Section):
     criteria: str = Field(min_length=1, description="what the judge is told to compare")
     both_orders: bool = Field(description="ask (A, B) and (B, A); disagreement counts as a tie")
     temperature: float = Field(ge=0, description="judge sampling temperature")
+    max_tokens: int | None = Field(ge=1, description="the most tokens one answer may hold, reasoning included (sent as "
+                                                     "max_tokens: bounds a call's cost); null = the server's limit")
     concurrency: int = Field(ge=1, description="requests in flight at once")
     requests_per_minute: float = Field(gt=0, description="request starts per minute, at most")
     timeout_s: float = Field(gt=0, description="per-request timeout")

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 
-from posttrain.judge_client import JudgeCache, JudgeClient, judge_identity
+from posttrain.judge_client import JudgeCache, JudgeClient, JudgeConfigError, judge_identity
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
 from posttrain.judge_server import JudgeService, build_app, verifier_backend
 from posttrain.params import load_params
@@ -154,9 +154,23 @@ def test_the_service_stops_promptly_and_quietly_with_a_request_still_hanging(ser
     assert not caller.is_alive() and client.ledger.failures == {"http_503": 1}
 
 
-def test_unreachable_judge_falls_back_without_hanging():
-    client = JudgeClient(cfg(max_retries=1), "http://127.0.0.1:9/v1")
-    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"connection": 1}
+def test_a_judge_unreachable_from_the_start_stops_the_stage_naming_the_endpoint():
+    """It fell back pair by pair, each after every retry: a wrong port quietly made the whole run rm_only."""
+    client = JudgeClient(cfg(max_retries=1), "http://user:secret@127.0.0.1:9/v1")
+    start = time.perf_counter()
+    with pytest.raises(JudgeConfigError, match=r"http://127\.0\.0\.1:9 could not be connected to in 2 attempts") as e:
+        client.judge(triples(3))
+    assert "secret" not in str(e.value) and time.perf_counter() - start < 5
+    with pytest.raises(JudgeConfigError):  # and the next batch is refused at once
+        client.judge(triples(1))
+
+
+def test_a_judge_that_answered_once_and_then_went_away_falls_back_pair_by_pair(service):
+    svc = service()
+    client = JudgeClient(cfg(max_retries=1), svc.base_url)
+    assert client.judge(triples(1)) == ["A"]
+    svc.stop()  # the port is closed now: connections are refused
+    assert client.judge(triples(2)[1:]) == [None] and client.ledger.failures == {"connection": 1}
 
 
 def test_the_api_key_goes_only_into_the_header(service, monkeypatch, caplog, capsys):
@@ -283,6 +297,24 @@ def test_an_hf_judge_retrained_in_place_is_not_served_its_old_verdicts(tmp_path)
     assert judge_identity(hf) != before
     assert judge_identity(cfg(backend="verifier", base_url=None)) == judge_identity(cfg(backend="verifier",
                                                                                         base_url=None))
+
+
+def test_a_remote_judges_verdicts_are_its_endpoints_own():
+    """The key held the model name only: one name served at two endpoints (a quantised copy, another provider) shared
+    its verdicts. Credentials and a trailing slash are not part of who answers."""
+    remote = judge_identity(cfg(base_url="http://gpu-1:8000/v1"))
+    assert judge_identity(cfg(base_url="http://gpu-2:8000/v1")) != remote
+    assert judge_identity(cfg(base_url="http://gpu-1:8001/v1")) != remote
+    assert judge_identity(cfg(base_url="http://me:token@gpu-1:8000/v1/")) == remote
+    assert "token" not in json.dumps(judge_identity(cfg(base_url="http://me:token@gpu-1:8000/v1")))
+
+
+@pytest.mark.parametrize("max_tokens", [512, None])
+def test_max_tokens_is_sent_when_set(max_tokens):
+    client, sent = mock_client([httpx.Response(200, json=OK_BODY)], max_tokens=max_tokens)
+    assert client.judge(triples(1)) == ["A"]
+    body = json.loads(sent[0].content)
+    assert body.get("max_tokens") == max_tokens and ("max_tokens" in body) == (max_tokens is not None)
 
 
 OK_BODY = {"choices": [{"message": {"content": "Verdict: A"}, "finish_reason": "stop"}],
@@ -522,7 +554,10 @@ def test_the_service_holds_its_port_from_the_moment_it_picks_it():
     ("Verdict: $\\boxed{\\text{A}}$", "A"), ("\\boxed{\\text{Response B}}", "B"), ("\\boxed{tie}", "tie"),
     ("Response A's total is \\boxed{12}. Verdict: A", "A"),
     ("B", "B"), ("**A**", "A"), ("Tie.", "tie"), ("<think>A or B...</think>\n\nB", "B"),
-    ("A or B", None), ("Response A", None)])
+    ("A or B", None), ("Response A", None),
+    # a side named with the other is no verdict for either (it was read as A)
+    ("Verdict: A and B are equally good", None), ("Verdict: A/B", None), ("Verdict: A or B?\nVerdict: B", "B"),
+    ("Verdict: A, since B is wrong", "A")])
 def test_verdict_parser_reads_boxed_and_bare_answers(answer, verdict):
     assert parse_verdict(answer) == verdict
 
