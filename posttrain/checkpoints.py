@@ -105,6 +105,23 @@ def save_trained(trainer, tokenizer, out: str | Path) -> None:
     (Path(out) / TRAINING_ARGS_NAME).unlink(missing_ok=True)
 
 
+class StopsAtMaxSteps:
+    """Mixin for a transformers ``Trainer`` (list it first): a run resumed from the checkpoint of its last step
+    loads that checkpoint and trains no further.
+
+    transformers (5.23) fast-forwards the data loader past the checkpoint's batches and takes the next one before it
+    checks ``max_steps``, so where ``max_steps`` ends mid-epoch such a resume trained one step more than the run it
+    resumed (RLVR's 100 steps end in epoch 0.27: its "resumed" model took a 101st step). Resumed at its last step, the
+    epoch loop is left empty; the checkpoint's weights still load (``_prepare_for_training``)."""
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, *args, **kwargs):
+        trained = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs, *args,
+                                               **kwargs)
+        if max_steps > 0 and self.state.global_step >= max_steps:
+            return num_train_epochs, 0
+        return trained
+
+
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 

@@ -21,12 +21,20 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
 from trl import RewardConfig, RewardTrainer
 
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.checkpoints import StopsAtMaxSteps, claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.curves import TrainingCurve
 from posttrain.modeling import device_args
 from posttrain.params_schema import RewardModelParams
 from posttrain.preference_model import PreferenceModel, left_padded_positions, tail
 from posttrain.tracking import part_run
+
+
+class ResumableTrainer(StopsAtMaxSteps, Trainer):
+    """transformers' Trainer (the PM's loss is its own); resumed at its last step, it trains no further."""
+
+
+class ResumableRewardTrainer(StopsAtMaxSteps, RewardTrainer):
+    """TRL's RewardTrainer; resumed at its last step, it trains no further."""
 
 
 def tie_sample(pairs: list[dict], ties: list[dict], tie_share: float, seed: int) -> list[dict]:
@@ -79,7 +87,7 @@ def train_preference_model(init_model: str, pairs: list[dict], cfg: RewardModelP
         return {**pm.encode([tuple(b["triple"]) for b in batch]), "labels": torch.tensor([b["labels"] for b in batch])}
 
     callbacks = [TrainingCurve(curve, ["loss", "grad_norm", "learning_rate"])] if curve is not None else []
-    Trainer(model=pm, args=args, train_dataset=dataset, data_collator=collate,
+    ResumableTrainer(model=pm, args=args, train_dataset=dataset, data_collator=collate,
             callbacks=callbacks).train(resume_from_checkpoint=resume)
     pm.fit_posterior([(p["question"], p["chosen"], p["rejected"]) for p in pairs]
                      + [(t["question"], t["a"], t["b"]) for t in ties], cfg.eval_batch_size)
@@ -102,7 +110,7 @@ def train_pointwise_rm(init_model: str, pairs: list[dict], cfg: RewardModelParam
                                   "chosen": " " + tail(tokenizer, p["chosen"], n),
                                   "rejected": " " + tail(tokenizer, p["rejected"], n)} for p in pairs])
     callbacks = [TrainingCurve(curve, ["loss", "accuracy", "margin"])] if curve is not None else []
-    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+    trainer = ResumableRewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                             callbacks=callbacks)
     with part_run("pointwise_rm"):  # its Trainer args and loss curve would clash with the PM's in the stage's run
         trainer.train(resume_from_checkpoint=resume)

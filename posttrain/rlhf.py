@@ -44,7 +44,8 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, result_params, save_trained
+from posttrain.checkpoints import (StopsAtMaxSteps, claim_checkpoint_dir, last_complete_checkpoint, result_params,
+                                   save_trained)
 from posttrain.curves import TrainingCurve
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
@@ -302,8 +303,9 @@ class RoutingStateCallback(TrainerCallback):
         set_rng_state(self.reward.rng, saved["rng"])
 
 
-class RoutedGRPOTrainer(EpochOrderedPrompts, GRPOTrainer):
-    """TRL's GRPOTrainer with a prompt order a resumed run repeats (``posttrain.prompt_order``)."""
+class RoutedGRPOTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
+    """TRL's GRPOTrainer with a prompt order a resumed run repeats (``posttrain.prompt_order``), resumed at its last
+    step no further (``posttrain.checkpoints.StopsAtMaxSteps``)."""
 
 
 def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:

@@ -48,6 +48,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
 from posttrain.atomic import atomic_write_json
+from posttrain.checkpoints import StopsAtMaxSteps
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import trl_vllm_args
 from posttrain.modeling import device_args
@@ -132,8 +133,9 @@ class RolloutStateCallback(TrainerCallback):
         self.trainer.save_rollout_state(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
-class RLVRTrainer(EpochOrderedPrompts, GRPOTrainer):
-    """GRPOTrainer whose rollout is ``rlvr.algo``: grpo | dapo | ar3po (see the module docstring)."""
+class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
+    """GRPOTrainer whose rollout is ``rlvr.algo``: grpo | dapo | ar3po (see the module docstring); resumed at its last
+    step it trains no further (``posttrain.checkpoints.StopsAtMaxSteps``)."""
 
     def __init__(self, *args, rlvr, seed: int = 0, **kwargs):
         super().__init__(*args, **kwargs)

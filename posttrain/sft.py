@@ -22,12 +22,16 @@ from trl import SFTConfig, SFTTrainer
 
 import mlflow
 from posttrain.atomic import atomic_dir
-from posttrain.checkpoints import claim_checkpoint_dir, last_complete_checkpoint, save_trained
+from posttrain.checkpoints import StopsAtMaxSteps, claim_checkpoint_dir, last_complete_checkpoint, save_trained
 from posttrain.curves import TrainingCurve
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.params_schema import WarmupParams
 
 SFT_CURVE = ["loss", "mean_token_accuracy", "learning_rate"]  # what SFTTrainer logs that a curve file keeps
+
+
+class ResumableSFTTrainer(StopsAtMaxSteps, SFTTrainer):
+    """TRL's SFTTrainer; resumed at its last step, it trains no further."""
 
 
 def session_tokens(log_history: list[dict], resumed_at_step: int) -> int:
@@ -97,7 +101,7 @@ def train_sft(init_model: str, examples: list[dict], cfg: WarmupParams, out: str
     tokenizer, model = load_pretrained(init_model)
     set_seed(seed)
     callbacks = [TrainingCurve(curve, SFT_CURVE)] if curve is not None else []
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
+    trainer = ResumableSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
                          callbacks=callbacks)
     result = trainer.train(resume_from_checkpoint=resume)
     n_tokens = session_tokens(trainer.state.log_history, resumed_at)

@@ -336,6 +336,22 @@ def test_rlvr_ar3po_resumes_after_a_kill(repro):
     assert_nothing_lost(repo, "rlvr_ar3po", ["models/rlvr"])
 
 
+def test_rlvr_ar3po_run_again_at_its_end_saves_the_same_model(repro):
+    """Forced to run again, the stage resumes from its last checkpoint. Mid-epoch (3 steps of 2 a pass) transformers
+    trained a 4th step there, and the tokenizer came out without the padding that generation had left in it: both
+    moved the output's hash, so whether a stage resumed changed what DVC recorded."""
+    repo, _ = repro
+    set_params(repo, "rlvr", max_steps=3)
+    cmd = ["dvc", "repro", "--single-item", "rlvr_ar3po"]
+    run(cmd, repo)
+    first = {f.name: f.read_bytes() for f in (repo / "models/rlvr").iterdir()}
+    totals = json.loads((repo / "reports/metrics/rlvr_ar3po.json").read_text())["rollout"]["responses"]
+    out = run([*cmd, "--force"], repo)
+    assert "rlvr_ar3po: resuming from" in out and "checkpoint-3" in out
+    assert {f.name: f.read_bytes() for f in (repo / "models/rlvr").iterdir()} == first
+    assert json.loads((repo / "reports/metrics/rlvr_ar3po.json").read_text())["rollout"]["responses"] == totals
+
+
 def test_rlhf_routed_resumes_with_its_judge_ledger_and_dev_history(repro):
     """Killed after its second checkpoint, the resumed run's figures still cover all its steps: every routed pair's
     verdict (asked in both orders, paid or from the cache) is in the ledger, and the dev accuracy of step 2 is kept."""
