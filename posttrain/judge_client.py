@@ -266,11 +266,11 @@ class JudgeClient:
         chunks = []
         try:
             with self.http.stream("POST", "/chat/completions", json=body) as resp:
+                self.reached = True  # the server answered (any status, any body to come): it exists
                 for chunk in resp.iter_bytes():
                     chunks.append(chunk)
                     if time.monotonic() > deadline:
                         raise JudgeCallError("timeout")
-                self.reached = True  # the server answered (with any status): it exists
         except httpx.TimeoutException:
             raise JudgeCallError("timeout") from None
         except httpx.ConnectError:

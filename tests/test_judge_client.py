@@ -165,6 +165,24 @@ def test_a_judge_unreachable_from_the_start_stops_the_stage_naming_the_endpoint(
         client.judge(triples(1))
 
 
+def test_a_judge_whose_first_answer_stalled_has_been_reached():
+    """Its headers came, its body did not (a timeout): the endpoint exists, so a refused connection after it is a
+    passing fault, the pair falls back, and the stage goes on."""
+    class Stalled(httpx.SyncByteStream):
+        def __iter__(self):
+            raise httpx.ReadTimeout("stalled")
+
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        if len(calls) == 1:
+            return httpx.Response(200, stream=Stalled())
+        raise httpx.ConnectError("refused")
+    client = handler_client(handler, max_retries=1)
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"connection": 1}
+
+
 def test_a_judge_that_answered_once_and_then_went_away_falls_back_pair_by_pair(service):
     svc = service()
     client = JudgeClient(cfg(max_retries=1), svc.base_url)
