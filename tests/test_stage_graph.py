@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # rank of a multi-process launch writes.
 # Declaring them would re-run the whole pipeline for a log-line change.
 PLUMBING = {"posttrain/atomic.py", "posttrain/errors.py", "posttrain/params.py", "posttrain/params_schema.py",
+            "posttrain/online_params.py", "posttrain/params_fields.py",
             "posttrain/tracking.py", "posttrain/jsonl.py", "posttrain/checkpoints.py", "posttrain/rng_state.py",
             "posttrain/orchestration.py", "posttrain/process_group.py"}
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
