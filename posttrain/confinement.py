@@ -7,8 +7,10 @@ kernel's, inherited across exec and irrevocable, so they hold whatever the progr
 - a new user and network namespace: no network at all (not even loopback), and no capability in the host's
   namespaces, so even a sandbox started by root is held by the process limit below and cannot open raw sockets;
 - a seccomp filter: the program cannot fork (threads it may start die with it), so nothing escapes the wall-clock
-  kill and no fork bomb reaches the host; nor change a file's mode, owner, times or extended attributes, which
-  Landlock does not cover: its owner (root, for a pipeline run as root) may do that to any file it can name;
+  kill and no fork bomb reaches the host; nor change a file's mode, owner, times, extended attributes or inode
+  flags, which Landlock does not cover: its owner (root, for a pipeline run as root) may do that to any file it can
+  name; nor open a socket (a UNIX socket's path reaches the host from any namespace), trace a process, or signal
+  one other than itself (by pid or pidfd: Landlock's signal scope needs Linux 6.12);
 - Landlock (Linux >= 5.13): files may be read only under the given read roots, written, created or removed only
   under the sandbox directory; from ABI 4 no TCP bind or connect, from ABI 6 no signal to a process outside the
   sandbox and no abstract UNIX socket;
@@ -19,8 +21,8 @@ kernel's, inherited across exec and irrevocable, so they hold whatever the progr
 
 Each layer is applied where the kernel offers it (``available_layers``); where none is, the audit hook and the
 resource limits remain. No maintained Python binding covers Landlock's network and scope rules (the ``landlock``
-package handles files only), so the three syscalls are called through ctypes here; the seccomp filter is a dozen
-BPF instructions, written out here rather than taking libseccomp on as a system dependency.
+package handles files only), so the three syscalls are called through ctypes here; the seccomp filter is a short
+BPF program, written out here rather than taking libseccomp on as a system dependency.
 
 Example:
     >>> sorted(available_layers())                                  # doctest: +SKIP
@@ -37,6 +39,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -61,14 +64,37 @@ _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | 1 << 14 | 1 << 15 
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
-# seccomp: (audit arch, clone, clone3, the syscalls refused outright) by machine; refused are fork and vfork, and
-# chmod, chown, utime and the xattr setters in every form (numbers from 452 on are the same on every architecture)
-_METADATA_NEW = (452, 463, 466, 469)  # fchmodat2, setxattrat, removexattrat, file_setattr
-_SECCOMP_ARCH = {
-    "x86_64": (0xC000003E, 56, 435, (57, 58, 90, 91, 92, 93, 94, 132, 188, 189, 190, 197, 198, 199, 235, 260, 261,
-                                     268, 280) + _METADATA_NEW),
-    "aarch64": (0xC00000B7, 220, 435, (5, 6, 7, 14, 15, 16, 52, 53, 54, 55, 88) + _METADATA_NEW),
+# seccomp, by machine (numbers from 424 on are the same on every architecture)
+@dataclass(frozen=True)
+class _Syscalls:
+    arch: int  # the audit arch seccomp_data carries
+    clone: int
+    clone3: int
+    refused: tuple[int, ...]  # outright
+    signalling: tuple[int, ...]  # kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo: towards itself only
+    ioctl: int
+
+
+# refused outright on every machine: the metadata setters numbered alike everywhere (fchmodat2, setxattrat,
+# removexattrat, file_setattr), pidfd_send_signal, pidfd_open, pidfd_getfd (a signal by pidfd, which neither the
+# audit hook nor a Landlock without its signal scope, before Linux 6.12, sees), and io_uring, whose requests
+# (connect, openat) no seccomp filter reads
+_REFUSED_EVERYWHERE = (452, 463, 466, 469, 424, 434, 438, 425, 426, 427)
+_SECCOMP = {
+    # fork, vfork; chmod, chown, utime and the xattr setters in every form; socket, connect, socketpair (a pathname
+    # UNIX socket of the host, Docker's or Ray's, is reachable from any network namespace and Landlock does not
+    # check connect); ptrace, process_vm_readv, process_vm_writev
+    "x86_64": _Syscalls(0xC000003E, 56, 435, (57, 58, 90, 91, 92, 93, 94, 132, 188, 189, 190, 197, 198, 199, 235,
+                                              260, 261, 268, 280, 41, 42, 53, 101, 310, 311) + _REFUSED_EVERYWHERE,
+                        (62, 200, 234, 129, 297), 16),
+    "aarch64": _Syscalls(0xC00000B7, 220, 435, (5, 6, 7, 14, 15, 16, 52, 53, 54, 55, 88, 198, 199, 203, 117, 270,
+                                                271) + _REFUSED_EVERYWHERE,
+                         (129, 130, 131, 138, 240), 29),
 }
+# ioctls that change an inode's flags (append-only, immutable, noatime, ...), its project or its generation: the
+# sandbox's owner (root, for a pipeline run as root) owns every file it can open, and Landlock's ioctl right covers
+# devices only. FS_IOC_SETFLAGS and FS_IOC_SETVERSION in their 64- and 32-bit forms, FS_IOC_FSSETXATTR.
+_INODE_IOCTLS = (0x40086602, 0x40046602, 0x40087602, 0x40047602, 0x401C5820)
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -131,17 +157,26 @@ def _landlock(read_roots: list[str], write_root: str, abi: int) -> None:
 
 def _no_new_processes() -> None:
     """A seccomp filter that refuses fork, vfork and a clone that is not a thread's (RLIMIT_NPROC cannot: the kernel
-    exempts uid 0 from it in every namespace), and any change to a file's metadata. clone3 reports ENOSYS, so the C
-    library falls back to clone, whose flags a filter can read (clone3's sit behind a pointer). A call from another
-    ABI (a 64-bit process can still make 32-bit or x32 calls with other numbers) is refused outright."""
-    arch, clone, clone3, refused = _SECCOMP_ARCH[platform.machine()]
+    exempts uid 0 from it in every namespace), any change to a file's metadata or inode flags, sockets, tracing
+    another process, and a signal to any process but the program's own. clone3 reports ENOSYS, so the C library
+    falls back to clone, whose flags a filter can read (clone3's sit behind a pointer). A call from another ABI (a
+    64-bit process can still make 32-bit or x32 calls with other numbers) is refused outright."""
+    calls = _SECCOMP[platform.machine()]
+    own_pid = os.getpid()  # the child's, kept across exec; a pid of 0 is its own process group (it called setsid)
     deny, allow = _RET_ERRNO | errno.EPERM, _RET_ALLOW
-    code = [(_LD_ABS_W, 0, 0, 4), (_JEQ, 1, 0, arch), (_RET, 0, 0, deny),  # seccomp_data.arch
+    code = [(_LD_ABS_W, 0, 0, 4), (_JEQ, 1, 0, calls.arch), (_RET, 0, 0, deny),  # seccomp_data.arch
             (_LD_ABS_W, 0, 0, 0), (_JGE, 0, 1, 0x40000000), (_RET, 0, 0, deny)]  # .nr; x32 calls have this bit
-    for nr in refused:
+    for nr in calls.refused:
         code += [(_JEQ, 0, 1, nr), (_RET, 0, 0, deny)]
-    code += [(_JEQ, 0, 1, clone3), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
-             (_JEQ, 1, 0, clone), (_RET, 0, 0, allow),
+    for nr in calls.signalling:  # the target pid is args[0]'s low word (pid_t is 32 bits; little-endian machines)
+        code += [(_JEQ, 0, 5, nr), (_LD_ABS_W, 0, 0, 16), (_JEQ, 2, 0, 0), (_JEQ, 1, 0, own_pid),
+                 (_RET, 0, 0, deny), (_RET, 0, 0, allow)]
+    n = len(_INODE_IOCTLS)  # the request is args[1]'s low word
+    code += [(_JEQ, 0, n + 3, calls.ioctl), (_LD_ABS_W, 0, 0, 24)]
+    code += [(_JEQ, n - i, 0, request) for i, request in enumerate(_INODE_IOCTLS)]
+    code += [(_RET, 0, 0, allow), (_RET, 0, 0, deny)]
+    code += [(_JEQ, 0, 1, calls.clone3), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
+             (_JEQ, 1, 0, calls.clone), (_RET, 0, 0, allow),
              (_LD_ABS_W, 0, 0, 16), (_JSET, 0, 1, _CLONE_THREAD), (_RET, 0, 0, allow), (_RET, 0, 0, deny)]  # .args[0]
     filters = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in code))
 
@@ -190,7 +225,7 @@ def available_layers() -> frozenset[str]:
         return frozenset()
     layers, read_roots = set(), system_read_roots()  # listed here, not between fork and exec
     candidates = (["namespaces", "tmpfs"] + ["landlock"] * (landlock_abi() >= 1)
-                  + ["seccomp"] * (platform.machine() in _SECCOMP_ARCH))
+                  + ["seccomp"] * (platform.machine() in _SECCOMP))
     for layer in candidates:
         with tempfile.TemporaryDirectory(prefix="posttrain-probe-") as box:
             try:

@@ -35,6 +35,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,8 @@ def _install_hook():
     blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv", "pty.", "os.chdir", "os.chmod",
                "os.chown", "os.link", "os.symlink", "shutil.", "winreg.", "sys.settrace", "sys.setprofile",
-               "resource.setrlimit", "resource.prlimit", "os.setxattr", "os.removexattr")
+               "resource.setrlimit", "resource.prlimit", "os.setxattr", "os.removexattr",
+               "fcntl.ioctl")  # FS_IOC_SETFLAGS: a file readable here made immutable or append-only
     no_import = frozenset({"_posixsubprocess", "subprocess", "_ctypes", "ctypes", "_socket", "socket",
                            "_multiprocessing", "multiprocessing", "_posixshmem", "pty", "_xxsubinterpreters",
                            "_xxinterpchannels", "gc"})  # gc: it lists every object, this hook among them
@@ -71,7 +73,9 @@ def _install_hook():
         if event == "import":
             if type_(args[0]) is not str_:
                 raise PermissionError_("sandbox: import of a name that is not a plain str is not allowed")
-            if args[0].partition(".")[0] in no_import:
+            # the last part too: _imp.create_dynamic loads a file under any dotted name and takes the module's init
+            # function from the name's last part, so "x._posixsubprocess" is _posixsubprocess
+            if args[0].partition(".")[0] in no_import or args[0].rpartition(".")[2] in no_import:
                 raise PermissionError_(f"sandbox: import {args[0]} is not allowed")
             return
         if event.startswith(blocked):
@@ -267,7 +271,10 @@ def run_program(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRe
                 _kill(proc)
                 return SandboxResult("", False, stopped)
     finally:
-        _remove_tree(tmp)
+        try:
+            _remove_tree(tmp)
+        except OSError as e:  # what the program left there is not the caller's concern: say so, and go on
+            warnings.warn(f"sandbox: could not remove {tmp}: {e}", RuntimeWarning, stacklevel=2)
     if proc.returncode != 0:
         if proc.returncode < 0:
             return SandboxResult("", False, f"killed by {_signal_name(-proc.returncode)}")

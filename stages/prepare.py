@@ -6,6 +6,7 @@ difficulty). No question or id is shared between splits.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import get_args
@@ -134,14 +135,23 @@ def check_field_types(r: dict, where: str) -> None:
                             f"with op one of {', '.join(get_args(Op))}")
         for k, value in enumerate(step[1:], 1):
             whole(value, f"steps[{i}][{k}]")
+        if len(step) == 3 and step[2] < 1:
+            raise DataError(f"{where}: steps[{i}][2]: got {step[2]}, expected a repeat count of at least 1")
     if r.get("kind", "chain") not in KINDS:
         raise DataError(f"{where}: kind: got {r['kind']!r}, expected one of {', '.join(KINDS)}")
     for i, value in enumerate(r.get("phrasing") or []):
         whole(value, f"phrasing[{i}]")
+        if value < 0:  # a negative index would pick a template from the end
+            raise DataError(f"{where}: phrasing[{i}]: got {value}, expected a template index of 0 or more")
     for i, distractor in enumerate(r.get("distractors") or []):
         if not isinstance(distractor, list) or len(distractor) != 2 or not isinstance(distractor[1], str):
             raise DataError(f"{where}: distractors[{i}]: got {distractor!r}, expected [step index, sentence]")
         whole(distractor[0], f"distractors[{i}][0]")
+
+
+def problem_numbers(problem: Problem) -> list[int]:
+    """The numbers a question of ``problem`` must state: its start, each operand and each repeat count."""
+    return [problem.start] + [s.operand for s in problem.steps] + [s.repeat for s in problem.steps if s.repeat]
 
 
 def check_domain_fields(records: list[dict], path: str) -> None:
@@ -174,6 +184,14 @@ def check_domain_fields(records: list[dict], path: str) -> None:
         except (KeyError, IndexError, TypeError) as e:
             raise DataError(f"{where}: steps/phrasing: the question cannot be phrased ({type(e).__name__}: {e}); a "
                             "repeated block's op is add or mul, and a phrasing index must exist for its step's op")
+        # the question the model reads must be the problem its worked solutions solve: every number of start and
+        # steps appears in it (in any wording; a distractor's numbers may stand beside them)
+        asked = set(re.findall(r"\d+", r["question"].replace(",", "")))
+        absent = [str(n) for n in problem_numbers(problem) if str(abs(n)) not in asked]
+        if absent:
+            raise DataError(f"{where}: question: {r['question']!r} does not mention {', '.join(absent)} of its start "
+                            "and steps; every trajectory's worked solution is rendered from those fields, so the "
+                            "question must ask that problem")
 
 
 def prepare(params: Params) -> dict[str, list[dict]]:

@@ -6,7 +6,7 @@ import pytest
 from posttrain.params import load_params
 from posttrain.params_schema import JsonlFiles
 from posttrain.task.records import DataError, find_split_overlaps, read_records
-from stages.prepare import prepare, resolve_overlaps, synthetic_splits
+from stages.prepare import check_domain_fields, prepare, resolve_overlaps, synthetic_splits
 
 GOOD = {"id": "a", "question": "Compute 1 + 1.", "answer": 2, "difficulty": 1}
 
@@ -18,7 +18,7 @@ def write(tmp_path, rows, name="data.jsonl"):
 
 
 def test_reads_good_rows_and_keeps_domain_fields(tmp_path):
-    path = write(tmp_path, [GOOD, "\n", {**GOOD, "id": "b", "form": "words", "answer": 3.0}])
+    path = write(tmp_path, [GOOD, "\n", {**GOOD, "id": "b", "question": "Compute 1 + 2.", "form": "words", "answer": 3.0}])
     rows = read_records(path)
     assert [r["id"] for r in rows] == ["a", "b"] and rows[1]["form"] == "words" and rows[1]["answer"] == 3
 
@@ -34,6 +34,12 @@ def test_reads_good_rows_and_keeps_domain_fields(tmp_path):
     ({**GOOD, "id": "b", "question": "   "}, ":2: question: "),
     ({**GOOD, "id": ""}, ":2: id: "),
     (GOOD, ":2: id: duplicate id 'a' (first on line 1)"),
+    ({**GOOD, "id": " "}, ":2: id: "),
+    ({**GOOD, "id": "b", "difficulty": True}, ":2: difficulty: "),  # was read as 1
+    # the same question under another id, here in other case and spacing: it weighed twice
+    ({**GOOD, "id": "b", "question": "compute  1 + 1."}, ":2: question: row 'b' asks the question of line 1 (row 'a')"),
+    # valid JSON that Python will not read raised a bare ValueError naming no line
+    ('{"id": "b", "question": "q", "answer": 1' + "0" * 4400 + ', "difficulty": 1}\n', ":2: (row): Exceeds"),
 ])
 def test_bad_row_names_file_line_and_field(tmp_path, row, message):
     path = write(tmp_path, [GOOD, row])
@@ -80,6 +86,8 @@ def test_synthetic_splits_share_nothing(profile):
     keys = {name: {problem_key(Problem.from_fields(r)) for r in rs} for name, rs in splits.items()}
     assert not keys["train"] & keys["dev"] and not keys["train"] & keys["test"] and not keys["dev"] & keys["test"]
     assert [len(splits[s]) for s in ("train", "dev", "test")] == [p.prepare.n_train, p.prepare.n_dev, p.prepare.n_test]
+    for name, records in splits.items():  # and the checks a user's rows go through pass the task's own
+        check_domain_fields(records, name)
 
 
 @pytest.mark.parametrize("profile", ["configs/params.smoke.yaml", "params.yaml"])
@@ -103,15 +111,15 @@ DOMAIN = {"form": "expression", "start": 1, "steps": [["add", 1]]}  # what the d
 
 
 def test_jsonl_source_goes_through_the_same_path(tmp_path):
-    files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
+    files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s}: compute 1 + 1."}], f"{s}.jsonl")
              for s in ("train", "dev", "test")}
     p = load_params("configs/params.smoke.yaml")
     jsonl = JsonlFiles(**{k: str(v) for k, v in files.items()})
     p = p.model_copy(update={"task": p.task.model_copy(update={"source": "jsonl", "jsonl": jsonl})})
     splits = prepare(p)
     assert splits["dev"][0]["id"] == "dev1"
-    write(tmp_path, [{**GOOD, **DOMAIN, "id": "t9", "question": "train question"}], "test.jsonl")
-    with pytest.raises(DataError, match="question 'train question' is in both train and test"):
+    write(tmp_path, [{**GOOD, **DOMAIN, "id": "t9", "question": "train: compute 1 + 1."}], "test.jsonl")
+    with pytest.raises(DataError, match="question 'train: compute 1 \\+ 1.' is in both train and test"):
         prepare(p)
 
 
@@ -141,11 +149,19 @@ def test_jsonl_source_goes_through_the_same_path(tmp_path):
      r"dev.jsonl: row 'd1': steps/phrasing: the question cannot be phrased \(IndexError"),
     ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": ["0"]},
      r"dev.jsonl: row 'd1': phrasing\[0\]: got '0', expected a whole number"),
+    # a negative index took a template from the end; a repeat count below 1 was phrased "repeat this -5 times"
+    ({**GOOD, "answer": 2, "form": "words", "start": 1, "steps": [["add", 1]], "phrasing": [-1]},
+     r"dev.jsonl: row 'd1': phrasing\[0\]: got -1, expected a template index of 0 or more"),
+    ({**GOOD, "answer": 5, "form": "words", "start": 5, "steps": [["add", 2, -5]]},
+     r"dev.jsonl: row 'd1': steps\[0\]\[2\]: got -5, expected a repeat count of at least 1"),
+    # a question that is not the problem its fields (and so every worked solution) pose
+    ({**GOOD, "question": "Compute 2 + 2.", "answer": 15, "form": "expression", "start": 7, "steps": [["add", 8]]},
+     r"dev.jsonl: row 'd1': question: 'Compute 2 \+ 2.' does not mention 7, 8 of its start and steps"),
 ])
 def test_a_user_row_the_pipeline_cannot_render_is_named_by_file_and_row(tmp_path, row, problem):
-    files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s} question"}], f"{s}.jsonl")
+    files = {s: write(tmp_path, [{**GOOD, **DOMAIN, "id": f"{s}1", "question": f"{s}: compute 1 + 1."}], f"{s}.jsonl")
              for s in ("train", "test")}
-    files["dev"] = write(tmp_path, [{**row, "id": "d1", "question": "dev question"}], "dev.jsonl")
+    files["dev"] = write(tmp_path, [{"question": "dev question", **row, "id": "d1"}], "dev.jsonl")
     p = load_params("configs/params.smoke.yaml")
     jsonl = JsonlFiles(**{k: str(v) for k, v in files.items()})
     with pytest.raises(DataError, match=problem):

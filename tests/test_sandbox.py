@@ -59,6 +59,7 @@ HOSTILE = [
     # a real-time signal has no name in signal.Signals: naming it raised ValueError in the caller
     ("import signal\nsignal.raise_signal(40)", "killed by signal 40"),
     ("print('\ud800')", "UnicodeDecodeError"),  # a lone surrogate: writing program.py raised in the caller
+    ("import fcntl\nfcntl.ioctl(0, 0x5401)", "fcntl.ioctl"),  # FS_IOC_SETFLAGS made a readable file immutable
 ]
 
 
@@ -155,6 +156,33 @@ def test_the_audit_hook_alone_holds_against_rewriting_what_it_calls(code, tmp_pa
     assert victim.read_text() == "hunter2"
 
 
+# _imp.create_dynamic loads an extension under any dotted name and finds its init function by the name's last part:
+# under "x._posixsubprocess" the hook, which read the first part only, let _posixsubprocess in, and with it fork_exec
+IMPORT_UNDER_ANOTHER_NAME = (
+    "import _imp, importlib.machinery, importlib.util\n"
+    "origin = importlib.util.find_spec('_posixsubprocess').origin\n"
+    "_imp.create_dynamic(importlib.machinery.ModuleSpec('x._posixsubprocess', None, origin=origin))\n"
+    "print('loaded')")
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel layers", "audit hook alone"])
+def test_a_refused_module_under_another_dotted_name_is_refused(kernel, monkeypatch):
+    if not kernel:
+        monkeypatch.setattr(sandbox, "available_layers", lambda: frozenset())
+    r = run_program(IMPORT_UNDER_ANOTHER_NAME, FAST)
+    assert not r.ok and "import x._posixsubprocess is not allowed" in r.reason, r
+
+
+def test_what_a_program_left_undeletable_is_a_warning_not_an_error(monkeypatch):
+    def refuse(root):
+        raise PermissionError(1, "Operation not permitted", root)  # as for a file the program made immutable
+
+    monkeypatch.setattr(sandbox, "_remove_tree", refuse)
+    with pytest.warns(RuntimeWarning, match="could not remove"):
+        r = run_program("print(6 * 7)", FAST)
+    assert r.ok and r.stdout == "42\n"
+
+
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel layers", "audit hook alone"])
 def test_a_directory_tree_too_deep_for_rmtree_is_removed(kernel, tmp_path, monkeypatch):
     # shutil.rmtree recurses once a level: a tree 1500 deep raised RecursionError in the caller and stayed on disk
@@ -235,7 +263,7 @@ def test_the_whole_battery_at_once_leaves_the_host_healthy():
 
 
 KERNEL_PROBES = """
-import os, socket, sys
+import os, signal, socket, sys
 
 def attempt(name, action):
     try:
@@ -244,12 +272,26 @@ def attempt(name, action):
     except OSError:
         print(name, "refused")
 
-outside, port, host = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def set_inode_flags():
+    import array, fcntl
+    fd = os.open(os.path.join(outside, "secret.txt"), os.O_RDONLY)
+    flags = array.array("l", [0])
+    fcntl.ioctl(fd, 0x80086601, flags, True)  # FS_IOC_GETFLAGS
+    fcntl.ioctl(fd, 0x40086602, flags)  # FS_IOC_SETFLAGS with the same flags: a no-op, if it is let through
+
+def connect_unix():
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(unix_path)
+
+outside, port, host, unix_path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 attempt("write outside", lambda: open(os.path.join(outside, "planted.txt"), "w").write("x"))
 attempt("read outside", lambda: open(os.path.join(outside, "secret.txt")).read())
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=2))
 attempt("fork", lambda: os.fork() or os._exit(0))
 attempt("signal the host", lambda: os.kill(host, 0))
+attempt("signal the host by pidfd", lambda: signal.pidfd_send_signal(os.pidfd_open(host), 0))
+attempt("connect to a UNIX socket", connect_unix)
+attempt("set inode flags outside", set_inode_flags)
 attempt("chmod outside", lambda: os.chmod(os.path.join(outside, "secret.txt"), 0o666))
 attempt("touch outside", lambda: os.utime(os.path.join(outside, "secret.txt"), (0, 0)))
 attempt("write inside", lambda: open("inside.txt", "w").write("x"))
@@ -265,8 +307,12 @@ def fill():
                 os.remove(f"fill{i}")
 attempt("fill 24 MiB", fill)
 """
-REFUSED_BY = {"namespaces": {"connect"}, "landlock": {"write outside", "read outside", "connect", "signal the host"},
-              "seccomp": {"fork", "chmod outside", "touch outside"}, "tmpfs": {"fill 24 MiB"}}
+REFUSED_BY = {"namespaces": {"connect"},
+              "landlock": {"write outside", "read outside", "connect", "signal the host", "signal the host by pidfd",
+                           "set inode flags outside"},  # the last: Landlock refuses the open
+              "seccomp": {"fork", "chmod outside", "touch outside", "connect", "connect to a UNIX socket",
+                          "signal the host", "signal the host by pidfd", "set inode flags outside"},
+              "tmpfs": {"fill 24 MiB"}}
 
 
 @pytest.mark.parametrize("layer", sorted(REFUSED_BY))
@@ -278,8 +324,10 @@ def test_each_kernel_layer_holds_without_the_audit_hook(layer, tmp_path):
     box.mkdir()
     outside.mkdir()
     (outside / "secret.txt").write_text("hunter2")
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        args = [str(outside), str(server.getsockname()[1]), str(os.getpid())]
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket(socket.AF_UNIX) as unix_server:
+        unix_server.bind(str(outside / "host.sock"))
+        unix_server.listen()
+        args = [str(outside), str(server.getsockname()[1]), str(os.getpid()), str(outside / "host.sock")]
         out = subprocess.run([interpreter(), "-I", "-S", "-c", KERNEL_PROBES, *args], cwd=box, env={},
                              capture_output=True, text=True, timeout=60,
                              preexec_fn=lambda: confine(system_read_roots(), str(box), frozenset([layer])))

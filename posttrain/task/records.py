@@ -28,14 +28,14 @@ class Record(BaseModel):
     answer: int = Field(description="the integer the verifier compares against")
     difficulty: int = Field(ge=1, description="1 = easiest; for the default task, the number of operations")
 
-    @field_validator("question")
+    @field_validator("id", "question")
     @classmethod
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("is blank")
         return v
 
-    @field_validator("answer", mode="before")
+    @field_validator("answer", "difficulty", mode="before")
     @classmethod
     def _integral(cls, v):
         if isinstance(v, bool):
@@ -52,6 +52,7 @@ def read_records(path: str | Path) -> list[dict]:
         raise DataError(f"{path}: no such file")
     records: list[dict] = []
     ids: dict[str, int] = {}
+    questions: dict[str, tuple[int, str]] = {}  # normalized question -> its first line and id
     with path.open("rb") as f:
         for lineno, data in enumerate(f, start=1):
             try:
@@ -65,6 +66,8 @@ def read_records(path: str | Path) -> list[dict]:
                 raw = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: (row): not valid JSON: {e.msg} at column {e.colno}") from None
+            except ValueError as e:  # valid JSON Python will not read: an integer of more than 4,300 digits
+                raise DataError(f"{path}:{lineno}: (row): {e}") from None
             if not isinstance(raw, dict):
                 raise DataError(f"{path}:{lineno}: (row): expected a JSON object, got {type(raw).__name__}")
             try:
@@ -77,6 +80,11 @@ def read_records(path: str | Path) -> list[dict]:
             if rec.id in ids:
                 raise DataError(f"{path}:{lineno}: id: duplicate id {rec.id!r} (first on line {ids[rec.id]})")
             ids[rec.id] = lineno
+            # the same question twice weighs it twice in training and counts twice in a score
+            first_line, first_id = questions.setdefault(normalized_question(rec.question), (lineno, rec.id))
+            if first_line != lineno:
+                raise DataError(f"{path}:{lineno}: question: row {rec.id!r} asks the question of line {first_line} "
+                                f"(row {first_id!r}) again")
             records.append(rec.model_dump())
     if not records:
         raise DataError(f"{path}: no records")
