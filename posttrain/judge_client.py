@@ -12,11 +12,10 @@ Example:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import sqlite3
+import socket
 import threading
 import time
 from email.utils import parsedate_to_datetime
@@ -29,6 +28,7 @@ import httpx
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from posttrain.errors import UserError
+from posttrain.judge_cache import JudgeCache
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
 
 
@@ -47,10 +47,6 @@ class JudgeCallError(Exception):
 class JudgeConfigError(UserError):
     """The endpoint refuses every request (a bad or missing key, an unknown model, a wrong URL, no quota left).
     Falling back pair by pair would quietly turn the whole run into rm_only, so the caller stops with the reason."""
-
-
-class JudgeCacheError(UserError):
-    """The cache file cannot be opened as a database."""
 
 
 def _retryable(err: BaseException) -> bool:
@@ -112,6 +108,21 @@ def server_message(raw: bytes, secret: str | None) -> str:
     if secret:
         text = text.replace(secret, "***")
     return " ".join(text.split())[:300]
+
+
+def refused_parameter(raw: bytes) -> str | None:
+    """The parameter an HTTP 400 refuses when every request carries it (OpenAI's reasoning models refuse max_tokens
+    and any temperature but 1), so that no request would ever pass; None for a fault of one prompt (too long)."""
+    try:
+        param = json.loads(raw).get("error").get("param")
+    except (ValueError, AttributeError):
+        return None
+    return param if param in ("model", "temperature", "max_tokens") else None
+
+
+def address(url: httpx.URL) -> str:
+    """A URL without the credentials it may hold."""
+    return f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "") + url.path.rstrip("/")
 
 
 def judge_identity(cfg) -> list:
@@ -176,43 +187,17 @@ class CostLedger:
         return {f"{prefix}{k}": float(v) for k, v in out.items()}
 
 
-class JudgeCache:
-    """verdicts keyed by sha256(judge identity, the full prompt): the prompt holds criteria and both responses."""
+cut_lock = threading.Lock()
 
-    def __init__(self, path: str | Path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
-            self.db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, verdict TEXT, raw TEXT)")
-            self.db.commit()
-        except sqlite3.DatabaseError as e:
-            # never replaced here: the verdicts in it were paid for
-            raise JudgeCacheError(f"judge cache {path}: {e}. Move it aside (`sqlite3 {path} .recover` salvages its "
-                                  "verdicts) or point judge.cache at another file") from None
-        self.lock = threading.Lock()
 
-    @staticmethod
-    def key(identity: list, messages: list[dict]) -> str:
-        return hashlib.sha256(json.dumps([identity, messages], sort_keys=True).encode()).hexdigest()
-
-    # A cache another process holds locked past the timeout (two runs sharing one file), or a page damaged after it
-    # opened, costs a paid call or a lost entry, never the step: the verdict itself is in hand.
-    def get(self, key: str) -> str | None:
-        try:
-            with self.lock:
-                row = self.db.execute("SELECT verdict FROM verdicts WHERE key = ?", (key,)).fetchone()
-        except sqlite3.DatabaseError as e:
-            log.warning("judge cache unreadable (%s): asking the judge", e)
-            return None
-        return row[0] if row else None
-
-    def put(self, key: str, verdict: str, raw: str) -> None:
-        try:
-            with self.lock:
-                self.db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", (key, verdict, raw))
-                self.db.commit()
-        except sqlite3.DatabaseError as e:
-            log.warning("judge cache not written (%s): a re-run pays for this verdict again", e)
+def cut(sock, done: threading.Event) -> None:
+    """Shut a response's socket at its deadline, unless the response is done with it."""
+    with cut_lock:
+        if isinstance(sock, socket.socket) and not done.is_set():
+            try:  # socket's own shutdown: an SSLSocket's would unwrap it, and a read after that raises ValueError
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
 
 
 class RateLimiter:
@@ -220,18 +205,25 @@ class RateLimiter:
 
     def __init__(self, per_minute: float):
         self.interval, self.next, self.lock = 60.0 / per_minute, 0.0, threading.Lock()
+        self.held_until = 0.0
 
     def wait(self) -> None:
-        with self.lock:
-            now = time.monotonic()
-            start = max(now, self.next)
-            self.next = start + self.interval
-        time.sleep(max(0.0, start - now))
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                start = max(now, self.next)
+                self.next = start + self.interval
+            time.sleep(max(0.0, start - now))
+            # a hold placed while this thread slept toward a turn booked before it: book again after the hold
+            with self.lock:
+                if time.monotonic() >= self.held_until:
+                    return
 
     def hold(self, seconds: float) -> None:
         """No request starts for ``seconds``: a Retry-After speaks for the account, not for one request."""
         with self.lock:
-            self.next = max(self.next, time.monotonic() + seconds)
+            self.held_until = max(self.held_until, time.monotonic() + seconds)
+            self.next = max(self.next, self.held_until)
 
 
 class JudgeClient:
@@ -263,20 +255,32 @@ class JudgeClient:
         """One POST and its whole body, within ``timeout_s`` in all (httpx's timeout is per read, and a server that
         keeps the connection alive with a byte of whitespace now and then, as some routers do, would never end)."""
         deadline = time.monotonic() + self.cfg.timeout_s
-        chunks = []
+        chunks, done = [], threading.Event()
         try:
             with self.http.stream("POST", "/chat/completions", json=body) as resp:
                 self.reached = True  # the server answered (any status, any body to come): it exists
-                for chunk in resp.iter_bytes():
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise JudgeCallError("timeout")
+                # a read still blocked at the deadline (a byte just before it, then silence) is cut there, not a
+                # whole read timeout later: the socket is shut, which wakes the read (not once the connection is
+                # back in the pool, for another request)
+                stream = resp.extensions.get("network_stream")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), cut, (sock, done))
+                watchdog.start()
+                try:
+                    for chunk in resp.iter_bytes():
+                        chunks.append(chunk)
+                        if time.monotonic() > deadline:
+                            raise JudgeCallError("timeout")
+                finally:
+                    with cut_lock:
+                        done.set()
+                    watchdog.cancel()
         except httpx.TimeoutException:
             raise JudgeCallError("timeout") from None
         except httpx.ConnectError:
             raise JudgeCallError("connection" if self.reached else "unreachable") from None
         except httpx.TransportError:
-            raise JudgeCallError("connection") from None
+            raise JudgeCallError("timeout" if time.monotonic() >= deadline else "connection") from None
         except httpx.HTTPError:  # a body that does not decode, a redirect loop: the server's fault, maybe passing
             raise JudgeCallError("bad_response") from None
         return resp, b"".join(chunks)
@@ -291,7 +295,10 @@ class JudgeClient:
             resp, raw = self._post(body)
         status = resp.status_code
         reason = server_message(raw, self._key) if status >= 400 else ""
-        if status in (401, 403, 404) or (status == 429 and "insufficient_quota" in raw.decode("utf-8", "replace")):
+        if 300 <= status < 400:  # not followed: every request would be redirected (http:// for https, a wrong path)
+            reason = f"a redirect to {address(resp.url.join(resp.headers.get('Location', '')))}"
+        if (status in (401, 403, 404) or 300 <= status < 400 or (status == 400 and refused_parameter(raw))
+                or (status == 429 and "insufficient_quota" in raw.decode("utf-8", "replace"))):
             key_env = f" and ${self.cfg.api_key_env}" if self.cfg.api_key_env else ""
             raise JudgeConfigError(f"the judge endpoint answered HTTP {status} for model {self.cfg.model!r}: {reason} "
                                    f"(check judge.base_url, judge.model{key_env})")
@@ -349,10 +356,9 @@ class JudgeClient:
             kind = e.last_attempt.exception().kind
             self.ledger.fail(kind)
             if kind == "unreachable" and not self.reached:
-                url = self.http.base_url  # scheme, host and port only: the URL may hold credentials
-                where = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+                url = self.http.base_url.copy_with(path="/")  # scheme, host and port: not credentials
                 self.fatal = JudgeConfigError(
-                    f"the judge endpoint {where} could not be connected to in "
+                    f"the judge endpoint {address(url)} could not be connected to in "
                     f"{self.cfg.max_retries + 1} attempts (check judge.base_url, and that the server is up)")
                 raise self.fatal from None
             return None

@@ -18,16 +18,17 @@ QUESTION_MARK, A_MARK, B_MARK, END_MARK = "[Question]", "[Response A]", "[Respon
 INSTRUCTIONS = ("Compare the two responses by these criteria: {criteria}\n"
                 "Think briefly, then end with exactly one line: 'Verdict: A', 'Verdict: B' or 'Verdict: tie'.")
 
-# A verdict keyword, then markdown, quotes, brackets or a JSON key's closing quote, a separator (":", "=", a dash),
-# then the side. "answer" only counts with a colon ("Final answer: B"): "Response A's answer is a wrong number" is
-# reasoning, not a verdict for A. An uppercase A/B always counts; a lowercase a/b only standing alone (before the
-# line's end, punctuation or markdown: "verdict: b."), since before a word it is the article ("the winner is a
-# response that...", "my verdict: a slight edge to B"), and that would override the real verdict above it. A side
-# named with the other ("Verdict: A and B are equally good", "A or B") is no verdict for either.
+# A verdict keyword, then markdown, quotes, brackets or a JSON key's closing quote, a separator (":", "=", a dash; the
+# full-width "：" of a Chinese-tuned judge), then the side. "answer" only counts with a colon ("Final answer: B"):
+# "Response A's answer is a wrong number" is reasoning, not a verdict for A. An uppercase A/B always counts; a
+# lowercase a/b only standing alone (before the line's end, punctuation or markdown: "verdict: b."), since before a
+# word it is the article ("the winner is a response that...", "my verdict: a slight edge to B"), and that would
+# override the real verdict above it. A side named with the other ("Verdict: A and B are equally good", "A or B") is
+# no verdict for either.
 _GAP = r"[\s*_\"'`\[\(]*"
 _VERDICT = re.compile(
     r"(?:(?:verdict|winner|better response|preferred response)" + _GAP + r"(?:is\b" + _GAP + r")?"
-    r"|answer[*\"'`]*\s*(?=[:=]))(?:[:=\-–—]" + _GAP + r")?(?:(?:response|assistant)\b" + _GAP + r")?"
+    r"|answer[*\"'`]*\s*(?=[:=：]))(?:[:=：\-–—]" + _GAP + r")?(?:(?:response|assistant)\b" + _GAP + r")?"
     r"(?:a\s+(?=tie|draw))?"
     r"((?-i:[AB]|[ab](?=[^\S\n]*(?:\n|$|[^\w\s])))|tie|draw)(?![\w-])"
     r"(?!\s*(?:and|or|&|/|vs\.?|versus|nor)\s*(?:response\s+)?[AB]\b)",

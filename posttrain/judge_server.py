@@ -34,6 +34,7 @@ import uvicorn
 from fastapi import Body, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.judge_prompt import read_messages
@@ -161,6 +162,10 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
     async def not_a_json_object(request, exc):  # FastAPI's own answer is a 422 in a shape no OpenAI client reads
         return _error(400, "expected a JSON object body with 'model' and 'messages'")
 
+    @app.exception_handler(StarletteHTTPException)
+    async def in_openais_shape(request, exc):  # a body that is not UTF-8 or nests too deep: FastAPI's {"detail": ...}
+        return _error(exc.status_code, str(exc.detail))
+
     # set by JudgeService.stop: a request held by latency or the timeout fault then answers 503 at once, rather
     # than keeping the server from stopping until it is cancelled mid-flight
     app.state.stopping = stopping = threading.Event()
@@ -192,6 +197,8 @@ def build_app(judge, model_name: str, latency_s: float = 0.0, faults: dict[str, 
                           "model_not_found")
         if body.get("stream"):
             return _error(400, "stream is not supported by this server")
+        if body.get("n") not in (None, 1):  # one choice would be sent: a client reading the n-th one would fail
+            return _error(400, "n other than 1 is not supported by this server")
         messages = _text_messages(body.get("messages"))
         if messages is None:
             return _error(400, "'messages' must be a non-empty list of {'role': str, 'content': str or text parts}")

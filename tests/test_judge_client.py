@@ -589,3 +589,96 @@ def test_a_question_the_verifier_judge_does_not_know_is_a_failure_not_a_cached_t
     assert client.judge([unknown]) == [None]
     assert client.ledger.failures == {"http_400_fatal": 1}
     assert client.judge([unknown]) == [None] and client.ledger.cache_hits == 0  # nothing was cached
+
+
+def test_a_retry_after_holds_back_threads_already_waiting_for_their_turn_under_the_rate_limit():
+    """Threads waiting in the requests-per-minute limiter had their start times booked before the 429: they started
+    inside the Retry-After anyway, were refused too, and each spent a retry."""
+    starts, lock = [], threading.Lock()
+
+    def reply(request):
+        with lock:
+            starts.append(time.monotonic())
+            first = len(starts) == 1
+        if first:
+            time.sleep(0.1)  # the others have booked their turns by now
+            return httpx.Response(429, headers={"Retry-After": "1"})
+        return httpx.Response(200, json=OK_BODY)
+    client = handler_client(reply, concurrency=3, requests_per_minute=200)  # a start every 0.3 s
+    assert client.judge(triples(3)) == ["A"] * 3
+    assert len(starts) == 4 and all(t - starts[0] >= 0.9 for t in starts[1:])
+
+
+def test_a_redirect_stops_the_run_naming_where_it_points_not_the_credentials():
+    """http:// for an https-only API (or a base URL missing its path) answers every POST with a redirect: read as a
+    malformed body, each pair was retried and fell back, and the run went on as rm_only."""
+    client, sent = mock_client([httpx.Response(301, headers={"Location": "https://me:token@judge.test/v1/chat/"
+                                                                         "completions"})], max_retries=3,
+                               concurrency=1)
+    with pytest.raises(JudgeConfigError, match=r"HTTP 301.*https://judge\.test/v1/chat/completions") as e:
+        client.judge(triples(3))
+    assert "token" not in str(e.value) and len(sent) == 1
+
+
+@pytest.mark.parametrize("error", [
+    {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' "
+                "instead.", "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"},
+    {"message": "Unsupported value: 'temperature' does not support 0.6 with this model. Only the default (1) value is "
+                "supported.", "type": "invalid_request_error", "param": "temperature", "code": "unsupported_value"}])
+def test_a_parameter_the_model_refuses_stops_the_run(error):
+    """OpenAI's reasoning models refuse max_tokens and any temperature but 1 on every request: each pair failed as
+    http_400_fatal with a warning, and the run quietly became rm_only."""
+    client, sent = mock_client([httpx.Response(400, json={"error": error})], concurrency=1)
+    with pytest.raises(JudgeConfigError, match=r"HTTP 400.*" + error["param"]):
+        client.judge(triples(3))
+    assert len(sent) == 1
+
+
+def test_a_400_about_one_prompt_still_fails_only_that_pair():
+    too_long = {"error": {"message": "This model's maximum context length is 4096 tokens.", "param": "messages",
+                          "code": "context_length_exceeded", "type": "invalid_request_error"}}
+    client, sent = mock_client([httpx.Response(400, json=too_long), httpx.Response(200, json=OK_BODY)], concurrency=1)
+    assert client.judge(triples(2)) == [None, "A"] and client.ledger.failures == {"http_400_fatal": 1}
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    # Chinese-tuned judges (Qwen, DeepSeek, GLM) write a full-width colon; it was read as no verdict at all
+    ("Verdict：A", "A"), ("**Verdict：** **B**", "B"), ("最终判断：两个都对。\nVerdict：tie", "tie"), ("Final answer：B", "B")])
+def test_verdict_parser_reads_a_full_width_colon(answer, verdict):
+    assert parse_verdict(answer) == verdict
+
+
+@pytest.mark.parametrize("body, status", [
+    (b'{"messages": [{"role": "user", "content": "\xff\xfe not UTF-8"}]}', 400),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', 400),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 1}', 200)])
+def test_the_service_answers_a_body_it_cannot_parse_or_serve_in_openais_shape(service, body, status):
+    """A body that is not UTF-8 got FastAPI's {"detail": ...}, which OpenAI clients do not read; n=3 got one choice,
+    and a client reading choices[1] failed."""
+    resp = httpx.post(service().base_url + "/chat/completions", content=body,
+                      headers={"Content-Type": "application/json"})
+    assert resp.status_code == status
+    assert resp.json()["error"]["message"] if status != 200 else len(resp.json()["choices"]) == 1
+
+
+def test_a_read_still_blocked_at_the_deadline_is_cut_there():
+    """The deadline was checked between reads only: a byte just before it, then silence, held the request for a whole
+    further read timeout (1.9 s for timeout_s=1)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+
+    def serve():
+        conn, _ = sock.accept()
+        with conn, sock:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+            time.sleep(0.8)
+            conn.sendall(b" ")
+            time.sleep(3)
+    threading.Thread(target=serve, daemon=True).start()
+    client = JudgeClient(cfg(timeout_s=1.0, max_retries=0), f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    start = time.perf_counter()
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"timeout": 1}
+    assert time.perf_counter() - start < 1.4
