@@ -56,7 +56,8 @@ def read_messages(messages: list[dict]) -> tuple[str, str, str] | None:
 
 
 def parse_verdict(text: str | None) -> str | None:
-    """'A', 'B' or 'tie' from a judge's answer (the last explicit verdict wins); None when there is none."""
+    """'A', 'B' or 'tie' from a judge's answer (the last explicit verdict wins, an "answer:" only where no other
+    keyword names a side); None when there is none."""
     if not text:
         return None
     # reasoning models: drop closed <think> blocks; R1-style output has only the closing tag (the opening one is in
@@ -64,14 +65,17 @@ def parse_verdict(text: str | None) -> str | None:
     text = re.sub(r"<think>.*?</think>", " ", text, flags=re.DOTALL | re.IGNORECASE)
     text = re.split(r"</think>", text, flags=re.IGNORECASE)[-1]
     text = re.split(r"<think>", text, flags=re.IGNORECASE)[0]
-    found = sorted([(m.start(), m.group(1)) for m in _VERDICT.finditer(text)]
-                   + [(m.start(), m.group(1)) for m in _BRACKETED.finditer(text)]
-                   + [(m.start(), m.group(1)) for m in _BOXED.finditer(text)])
+    # "answer:" is the weaker keyword: after "Verdict: A" the note "(Response B's final answer: B is wrong.)" reads
+    # as an answer for B, and on a task whose answers are letters it is one; it decides only where nothing else does
+    found = sorted([(not m.group(0).lower().startswith("answer"), m.start(), m.group(1))
+                    for m in _VERDICT.finditer(text)]
+                   + [(True, m.start(), m.group(1)) for m in _BRACKETED.finditer(text)]
+                   + [(True, m.start(), m.group(1)) for m in _BOXED.finditer(text)])
     if not found and (bare := _BARE.fullmatch(text)):
-        found = [(0, bare.group(1))]
+        found = [(True, 0, bare.group(1))]
     if not found:
         return None
-    v = found[-1][1].lower()
+    v = found[-1][2].lower()
     return {"a": "A", "b": "B", "tie": "tie", "draw": "tie", "c": "tie"}[v]
 
 

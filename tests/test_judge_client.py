@@ -682,3 +682,12 @@ def test_a_read_still_blocked_at_the_deadline_is_cut_there():
     start = time.perf_counter()
     assert client.judge(triples(1)) == [None] and client.ledger.failures == {"timeout": 1}
     assert time.perf_counter() - start < 1.4
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    # a note after the verdict naming a response's answer read as a verdict for that side
+    ("**Verdict: A**\n\n*(Response B's final answer: B is wrong.)*", "A"), ("[[A]]\nThe answer: B", "A"),
+    # where no stronger keyword names a side, "answer:" still decides, the last one winning
+    ("Final answer: B", "B"), ("First answer: A, then on reflection the answer: B", "B")])
+def test_an_answer_line_decides_only_where_no_verdict_does(answer, verdict):
+    assert parse_verdict(answer) == verdict
