@@ -27,6 +27,18 @@ def temporary_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
+def _is_token(text: str) -> bool:
+    return len(text) == 12 and all(c in "0123456789abcdef" for c in text)
+
+
+def stale_temporaries(path: Path) -> list[Path]:
+    """Temporary siblings an earlier, killed write of the directory ``path`` left: its build, or its old version
+    being removed (``temporary_sibling`` names both). Nothing else writes ``path`` while its stage runs (DVC's lock)."""
+    prefixes = (f".{path.name}.", f"..{path.name}.old.")
+    return [p for p in path.parent.iterdir() if p.name.endswith(".tmp")
+            and any(p.name.startswith(pre) and _is_token(p.name[len(pre):-len(".tmp")]) for pre in prefixes)]
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace`` (on rank 0 only)."""
     if not is_main_process():
@@ -83,6 +95,8 @@ def atomic_dir(path: str | Path):
     old = path.with_name(f".{path.name}.old")
     if old.is_dir() and not path.exists():  # a kill between the two renames of an earlier swap: put it back
         os.replace(old, path)
+    for stale in stale_temporaries(path):  # a kill mid-build left a whole copy (of a model: gigabytes) each time
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = temporary_sibling(path)
     tmp.mkdir()
     try:

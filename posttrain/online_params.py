@@ -3,6 +3,7 @@ Every field typed and documented in one line, as in ``posttrain.params_schema``,
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
@@ -14,13 +15,24 @@ JudgeFault = Literal["http_500", "http_429", "timeout", "malformed_json", "trunc
                      "connection_reset"]
 
 
+def env_var_name(name: str | None) -> str | None:
+    """The key's variable must be named like one: the key itself written here was logged to MLflow as this param
+    (and recorded in dvc.lock), and no key was sent."""
+    if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        # not quoted: it may be the key
+        raise ValueError("expected the name of an environment variable (letters, digits and _, e.g. OPENAI_API_KEY), "
+                         "not the key itself; null = no key")
+    return name
+
+
 class JudgeParams(Section):
     """The pairwise LLM judge (OpenAI chat-completions protocol) and the local judge service."""
 
     base_url: Annotated[str | None, AfterValidator(http_url)] = Field(
         description="an OpenAI-compatible endpoint (e.g. http://host:8000/v1); null = start the local judge service")
     model: str = Field(min_length=1, description="model name sent to the endpoint (and part of the cache key)")
-    api_key_env: str | None = Field(description="environment variable holding the API key (never logged)")
+    api_key_env: Annotated[str | None, AfterValidator(env_var_name)] = Field(
+        description="environment variable holding the API key (never logged)")
     backend: Literal["verifier", "hf"] = Field(description="local service: task verifier or a local HF model")
     hf_model: str = Field(description="local service, hf backend: the model directory or hub id")
     criteria: str = Field(min_length=1, description="what the judge is told to compare")

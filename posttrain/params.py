@@ -97,6 +97,8 @@ def _parse_yaml(path: Path, text: str, parse: Callable[[str], object]):
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         raise ParamsError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise ParamsError(f"{path}: not valid YAML: nested too deeply") from None
 
 
 def read_yaml(text: str):

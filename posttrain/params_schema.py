@@ -274,7 +274,8 @@ def _synthetic_n_train(info: ValidationInfo) -> int | None:
 
 
 class Params(Section):
-    seed: int = Field(description="seeds data generation, model init, training and sampling")
+    # transformers.set_seed seeds numpy, which takes 0 to 2**32 - 1: base_model failed on any other, naming no key
+    seed: int = Field(ge=0, le=2**32 - 1, description="seeds data generation, model init, training and sampling")
     task: TaskParams
     prepare: PrepareParams
     model: ModelParams

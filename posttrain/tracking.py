@@ -36,11 +36,13 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from mlflow.tracking import MlflowClient
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 import mlflow
+from posttrain.errors import UserError
 from posttrain.params import flatten
 from posttrain.params_schema import Params
 from posttrain.process_group import is_main_process
@@ -50,6 +52,10 @@ PART_TAG = "posttrain.part_of"  # on a run nested in a stage's run for one of th
 HASHES_MISSING_TAG = "posttrain.dvc_hashes_missing"  # DVC could not hash the deps: checkpoint keys fall back
 SWEEP_ENV, VARIANT_ENV = "POSTTRAIN_SWEEP", "POSTTRAIN_VARIANT"  # set by flows/sweep.py for each variant
 log = logging.getLogger(__name__)
+
+
+class TrackingError(UserError):
+    """The configured MLflow store cannot take this run (the message names the params key to fix)."""
 
 
 @functools.cache
@@ -70,6 +76,10 @@ def configure(params: Params) -> str:
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
     exp = client.get_experiment_by_name(params.tracking.experiment)
+    if exp is not None and exp.lifecycle_stage == "deleted":  # MLflow refuses runs in it, deep in start_run
+        raise TrackingError(f"tracking.experiment: MLflow experiment {exp.name!r} (id {exp.experiment_id}) is deleted; "
+                            f"restore it (MLflow UI, or `mlflow experiments restore --experiment-id "
+                            f"{exp.experiment_id}`) or set another tracking.experiment")
     if exp is not None:
         return exp.experiment_id
     root = params.tracking.artifact_root if main else str(throwaway_store() / "artifacts")
@@ -117,6 +127,8 @@ def dvc_hashes(stage: str, which: str, attempts: int = 3) -> dict[str, str]:
 
 
 def _process_gone(pid: int) -> bool:
+    if pid == os.getpid():  # this process has not started its run yet: the RUNNING one was a killed process's, whose
+        return True         # PID we were given again (a restarted container starts the same processes in order)
     try:
         os.kill(pid, 0)  # signal 0 only checks; PermissionError means alive but owned by someone else
     except ProcessLookupError:
@@ -124,6 +136,21 @@ def _process_gone(pid: int) -> bool:
     except PermissionError:
         pass
     return False
+
+
+def without_credentials(value: object) -> object:
+    """``value`` with a URL's user:password and query replaced by ``***``: an endpoint (``judge.base_url``,
+    ``rlhf.vllm_server_url``) may carry its key there, and secrets never reach MLflow. Where it points stays."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # not a URL (an unclosed '[' after '//')
+        return value
+    if not (parts.scheme and parts.netloc):
+        return value
+    netloc = f"***@{parts.netloc.rpartition('@')[2]}" if "@" in parts.netloc else parts.netloc
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", parts.fragment))
 
 
 def process_tags() -> dict[str, str]:
@@ -192,7 +219,7 @@ def stage_run(stage: str, params: Params, sections: list[str]):
         for name in sections:
             value = getattr(params, name)
             logged.update(flatten(value, f"{name}.") if hasattr(value, "model_dump") else {name: value})
-        mlflow.log_params({k: str(v)[:6000] for k, v in logged.items()})
+        mlflow.log_params({k: str(without_credentials(v))[:6000] for k, v in logged.items()})
         yield run
         mlflow.set_tags(dvc_hashes(stage, "out"))
 

@@ -121,3 +121,31 @@ def test_only_rank_0_of_a_multi_process_launch_writes(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     atomic_write_json(tmp_path / "metrics.json", {"accuracy": 0.5})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "model"]
+
+
+KILLED_MID_BUILD = """
+import os, signal, sys
+from pathlib import Path
+from posttrain.atomic import atomic_dir
+with atomic_dir(Path(sys.argv[1]) / "model") as d:
+    (d / "weights").write_bytes(b"x" * 4096)
+    os.kill(os.getpid(), signal.SIGKILL)  # as a kill while a stage saves its model
+"""
+
+
+def test_a_build_killed_midway_leaves_no_temporary_after_the_next_write(tmp_path):
+    """A SIGKILL while a directory was built left its hidden temporary (a whole model, for a hub model gigabytes) beside
+    the output for ever: each kill during a save cost another copy of the disk, until it was full."""
+    import subprocess
+    import sys
+
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", KILLED_MID_BUILD, str(tmp_path)], capture_output=True, timeout=120)
+        assert done.returncode == -9, done.stderr[-2000:]
+    assert len(list(tmp_path.iterdir())) == 1  # the second build removed the first's temporary; its own is left
+    (tmp_path / "other").mkdir()  # another output's files are not ours to remove
+    (tmp_path / ".other.0123456789ab.tmp").mkdir()
+    with atomic_dir(tmp_path / "model") as d:
+        (d / "weights").write_text("whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.0123456789ab.tmp", "model", "other"]
+    assert (tmp_path / "model" / "weights").read_text() == "whole"

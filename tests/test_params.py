@@ -286,3 +286,38 @@ def test_an_override_may_add_a_key_to_a_mapping_parameter():
         with_overrides(base, {"rlhf.budgt": 0.2}, out=None)
     with pytest.raises(ParamsError, match="no section 'fault'"):
         with_overrides(base, {"judge.fault.http_500": 0.2}, out=None)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 20240601123])
+def test_a_seed_numpy_cannot_take_is_refused_naming_the_key(seed):
+    """transformers.set_seed (numpy) takes 0 to 2**32 - 1: seed -1 or a date-like 20240601123 passed validation and
+    prepare, then base_model died of "ValueError: Seed must be between 0 and 2**32 - 1", naming no key."""
+    r = raw()
+    r["seed"] = seed
+    with pytest.raises(ParamsError, match=rf"^params\.yaml: seed: got {seed}, expected"):
+        parse_params(r)
+    r["seed"] = 2**32 - 1
+    assert parse_params(r).seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("text", ["seed: " + "[" * 5000 + "]" * 5000, "seed: " + "{a: " * 5000 + "1" + "}" * 5000])
+def test_yaml_nested_too_deep_is_a_params_error(tmp_path, text):
+    """The YAML parser recurses once per level: a deeply nested value ended in a bare RecursionError traceback."""
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError, match=rf"^{path}: not valid YAML: nested too deeply"):
+        load_params(path)
+
+
+@pytest.mark.parametrize("value", ["sk-proj-abcDEF123456", "OPENAI KEY", "1KEY", ""])
+def test_an_api_key_written_where_its_variables_name_goes_is_refused_without_echoing_it(value):
+    """judge.api_key_env names the variable; the key itself written there was accepted, then logged to MLflow as the
+    param judge.api_key_env (and recorded in dvc.lock), and sent no key."""
+    r = raw()
+    r["judge"]["api_key_env"] = value
+    with pytest.raises(ParamsError) as e:
+        parse_params(r)
+    assert str(e.value).startswith("params.yaml: judge.api_key_env: expected the name of an environment variable")
+    assert value not in str(e.value).removeprefix("params.yaml: judge.api_key_env") or not value
+    r["judge"]["api_key_env"] = "OPENAI_API_KEY"
+    parse_params(r)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 import mlflow
@@ -39,9 +40,10 @@ def test_a_killed_stage_run_is_closed_as_failed_and_linked_to_the_next(tmp_path,
 
     base = load_params(SMOKE)
     params = base.model_copy(update={"tracking": base.tracking.model_copy(update={"uri": uri, "artifact_root": artifacts})})
-    # a run of the same stage whose process is alive (a concurrent run) must be left alone
+    # a run of the same stage whose process is alive (a concurrent run, so another process: pytest's parent) must be
+    # left alone
     alive = client.create_run(client.get_run(killed_id).info.experiment_id,
-                              tags={"posttrain.stage": "warmup", "posttrain.pid": str(os.getpid()),
+                              tags={"posttrain.stage": "warmup", "posttrain.pid": str(os.getppid()),
                                     "posttrain.host": client.get_run(killed_id).data.tags["posttrain.host"]})
     with stage_run("warmup", params, sections=["seed"]) as run:
         resumed_id = run.info.run_id
@@ -101,3 +103,62 @@ def test_a_stage_run_records_what_decides_its_float_results(tmp_path, monkeypatc
     assert tags["numerics.torch"] == torch.__version__
     assert tags["numerics.device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     assert tags["numerics.cpu"]  # the CPU's model name
+
+
+def smoke_params(tmp_path, **sections):
+    base = load_params(SMOKE)
+    update = {"tracking": base.tracking.model_copy(update={"uri": f"sqlite:///{tmp_path}/mlflow.db",
+                                                           "artifact_root": str(tmp_path / "artifacts")})}
+    update.update({name: getattr(base, name).model_copy(update=fields) for name, fields in sections.items()})
+    return base.model_copy(update=update)
+
+
+def test_a_deleted_experiment_stops_the_stage_with_one_line_naming_the_key(tmp_path, monkeypatch,
+                                                                           restore_tracking_uri):
+    """Deleting the experiment in the MLflow UI, then running the pipeline: every stage died of a traceback ending in
+    "MlflowException: The experiment 1 must be in the 'active' state", naming neither the experiment nor the key."""
+    from posttrain.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    params = smoke_params(tmp_path)
+    with stage_run("warmup", params, sections=["seed"]) as run:
+        experiment_id = run.info.experiment_id
+    MlflowClient(tracking_uri=params.tracking.uri).delete_experiment(experiment_id)
+    with pytest.raises(UserError, match=rf"^tracking.experiment: MLflow experiment '{params.tracking.experiment}' "
+                                        rf"\(id {experiment_id}\) is deleted"):
+        with stage_run("warmup", params, sections=["seed"]):
+            pass
+
+
+def test_credentials_in_an_endpoint_url_never_reach_mlflow(tmp_path, monkeypatch, restore_tracking_uri):
+    """judge.base_url may hold credentials (https://user:key@host/v1, or ?api_key=...: the judge client logs only the
+    host for that reason), and rlhf_routed logged its judge section to MLflow verbatim."""
+    monkeypatch.chdir(tmp_path)
+    judge_url = "https://alice:sk-SECRET1@judge.example.com:8443/v1?key=SECRET2"
+    vllm_url = "http://bob:SECRET3@10.0.0.5:8000"
+    params = smoke_params(tmp_path, judge={"base_url": judge_url}, rlhf={"vllm_server_url": vllm_url})
+    with stage_run("rlhf_routed", params, sections=["seed", "judge", "rlhf"]) as run:
+        run_id = run.info.run_id
+    logged = MlflowClient(tracking_uri=params.tracking.uri).get_run(run_id).data.params
+    assert not [v for v in logged.values() if "SECRET" in v], logged
+    assert logged["judge.base_url"] == "https://***@judge.example.com:8443/v1?***"  # where it points stays
+    assert logged["rlhf.vllm_server_url"] == "http://***@10.0.0.5:8000"
+    assert logged["judge.model"] == params.judge.model
+
+
+def test_a_killed_run_whose_pid_this_process_now_has_is_closed(tmp_path, monkeypatch, restore_tracking_uri):
+    """A container restarted after a kill starts the same processes in the same order, so the resumed stage often
+    gets the killed one's PID: the killed run looked alive (its PID answers: ours) and stayed RUNNING for ever."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    params = smoke_params(tmp_path)
+    with stage_run("warmup", params, sections=["seed"]) as run:
+        experiment_id = run.info.experiment_id
+    client = MlflowClient(tracking_uri=params.tracking.uri)
+    killed = client.create_run(experiment_id, tags={"posttrain.stage": "warmup", "posttrain.pid": str(os.getpid()),
+                                                    "posttrain.host": socket.gethostname()})
+    with stage_run("warmup", params, sections=["seed"]) as run:
+        resumed_id = run.info.run_id
+    assert client.get_run(killed.info.run_id).info.status == "FAILED"
+    assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == killed.info.run_id
