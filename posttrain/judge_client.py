@@ -319,6 +319,10 @@ class JudgeClient:
         except ValueError:
             raise JudgeCallError("malformed_body") from None
         choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) and isinstance(data, dict) and "error" in data:
+            # an HTTP 200 that is an error (OpenRouter's, for a provider failing mid-answer): retried, and said why
+            log.warning("judge answered HTTP 200 with an error: %s", server_message(raw, self._key))
+            raise JudgeCallError("error_body")
         if not isinstance(choices, list):
             raise JudgeCallError("malformed_body")
         # a completion is paid for whatever it holds, a null or verdict-less answer too

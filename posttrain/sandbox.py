@@ -6,8 +6,8 @@ Layers, each closing a different hole:
 - kernel resource limits set before exec: CPU seconds, address space, file size, open files;
 - kernel confinement set before exec (``posttrain.confinement``, where the kernel offers it): no network, no
   capability on the host, Landlock's file rules (read the Python install and system libraries, write only the
-  temporary directory), no signal to a process outside the sandbox, no fork, no change to a file's metadata, and
-  the directory a tmpfs of 16 MiB of its own. These hold even against a program that gets around the audit hook
+  temporary directory), no socket, no signal to a process outside the sandbox, no fork, no change to a file's
+  metadata or inode flags, and the directory a tmpfs of 16 MiB of its own. These hold even against a program that gets around the audit hook
   below;
 - a wall-clock timeout enforced by the parent, which kills the child's whole process group;
 - a Python audit hook installed before the program runs (it cannot be removed afterwards, and its settings live

@@ -691,3 +691,15 @@ def test_a_read_still_blocked_at_the_deadline_is_cut_there():
     ("Final answer: B", "B"), ("First answer: A, then on reflection the answer: B", "B")])
 def test_an_answer_line_decides_only_where_no_verdict_does(answer, verdict):
     assert parse_verdict(answer) == verdict
+
+
+def test_an_error_in_a_200_body_is_retried_counted_as_such_and_its_reason_logged(caplog):
+    # OpenRouter answers a provider's failure mid-generation with HTTP 200 and {"error": ...}: it was "malformed_body",
+    # and the server's reason never reached the log
+    error = httpx.Response(200, json={"error": {"code": 502, "message": "provider down"}})
+    client, sent = mock_client([error, error, httpx.Response(200, json=OK_BODY)], concurrency=1)
+    with caplog.at_level("WARNING", logger="posttrain.judge_client"):
+        assert client.judge(triples(1)) == ["A"]
+    assert len(sent) == 3 and caplog.text.count("HTTP 200 with an error: provider down") == 2
+    client, sent = mock_client([error], max_retries=0)
+    assert client.judge(triples(1)) == [None] and client.ledger.failures == {"error_body": 1}
