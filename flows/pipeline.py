@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.orchestration import apply_prefect_settings, run_dvc
+from posttrain.orchestration import apply_prefect_settings, pipeline_lock, run_dvc
 
 apply_prefect_settings()
 
@@ -38,12 +38,26 @@ METRICS = Path("reports/metrics/evaluate.json")
 
 def stage_order(repo_root: str = ".") -> list[str]:
     """The pipeline's stage names (dvc.yaml) in dependency order."""
+    from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
-    with Repo(repo_root) as repo:
+    try:
+        repo = Repo(repo_root)
+    except NotDvcRepoError as e:  # a traceback would not say what to do
+        raise ParamsError(f"{e}: run from the repository root (where dvc.yaml is)") from None
+    with repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         stages = [s for s in reversed(list(nx.topological_sort(graph))) if getattr(s, "name", None)]
         return [s.name for s in stages if s.path_in_repo.endswith("dvc.yaml")]
+
+
+def check_stages(stages: list[str] | None, every: list[str]) -> None:
+    """A ParamsError unless ``stages`` is None (all of them) or names some of ``every``, and only those."""
+    if stages is not None and not stages:  # an emptied list in the Prefect UI would run nothing and exit green
+        raise ParamsError(f"no stages named; leave stages unset for all of them ({', '.join(every)})")
+    unknown = sorted(set(stages or []) - set(every))
+    if unknown:  # a typo would otherwise run nothing and report the old metrics as this run's
+        raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(every)}")
 
 
 @task(retries=2, retry_delay_seconds=5, task_run_name="{name}")
@@ -69,29 +83,26 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
     ``profile``: a params file to start from (default: params.yaml as it is); ``overrides``: dotted keys set on it
     (``{"rlhf.budget": 0.2}``). Either one rewrites params.yaml before the stages run."""
     every = stage_order()  # reads dvc.yaml through DVC's Repo: once
-    if stages is not None and not stages:  # an emptied list in the Prefect UI would run nothing and exit green
-        raise ParamsError(f"no stages named; leave stages unset for all of them ({', '.join(every)})")
-    unknown = sorted(set(stages or []) - set(every))
-    if unknown:  # a typo would otherwise run nothing and report the old metrics as this run's
-        raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(every)}")
+    check_stages(stages, every)
     if profile and not Path(profile).is_file():  # typed in the Prefect UI: say what it is, not a bare OSError
         raise ParamsError(f"profile {profile!r}: no such file (a params file such as configs/params.smoke.yaml, "
                           "relative to the repository)")
-    params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
-    order = [s for s in every if stages is None or s in stages]
-    experiment_id = configure(params)
-    close_interrupted_runs(experiment_id, "pipeline")  # a killed `posttrain run` left its parent run RUNNING
-    with mlflow.start_run(experiment_id=experiment_id, run_name="pipeline",
-                          tags={"posttrain.stage": "pipeline", **process_tags(), **git_state()}) as parent:
-        results = []
-        for name in order:
-            results.append(run_stage(name, parent.info.run_id))
-        mlflow.log_dict({"stages": results}, "stages.json")
-        # evaluate's figures belong to this run only if it ran evaluate: after `posttrain run prepare` the file
-        # on disk measured other data or models
-        metrics = json.loads(METRICS.read_text()) if "evaluate" in order and METRICS.exists() else {}
-        for model, summary in metrics.items():
-            mlflow.log_metric(f"{model}.accuracy", summary["accuracy"])
+    with pipeline_lock():  # before params.yaml is rewritten: a second run must not rewrite it under this one
+        params = with_overrides(profile or "params.yaml", overrides) if profile or overrides else load_params()
+        order = [s for s in every if stages is None or s in stages]
+        experiment_id = configure(params)
+        close_interrupted_runs(experiment_id, "pipeline")  # a killed `posttrain run` left its parent run RUNNING
+        with mlflow.start_run(experiment_id=experiment_id, run_name="pipeline",
+                              tags={"posttrain.stage": "pipeline", **process_tags(), **git_state()}) as parent:
+            results = []
+            for name in order:
+                results.append(run_stage(name, parent.info.run_id))
+            mlflow.log_dict({"stages": results}, "stages.json")
+            # evaluate's figures belong to this run only if it ran evaluate: after `posttrain run prepare` the file
+            # on disk measured other data or models
+            metrics = json.loads(METRICS.read_text()) if "evaluate" in order and METRICS.exists() else {}
+            for model, summary in metrics.items():
+                mlflow.log_metric(f"{model}.accuracy", summary["accuracy"])
     return {"stages": results, "metrics": metrics}
 
 

@@ -108,8 +108,12 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     if args.command == "run":
         apply_prefect_settings()
-        from flows.pipeline import accuracy_lines, pipeline
+        from flows.pipeline import accuracy_lines, check_stages, pipeline, stage_order
 
+        # a bad params.yaml or a mistyped stage is one error line here, not a failed flow run's traceback after a
+        # minute of starting Prefect's server
+        load_params()
+        check_stages(args.stages or None, stage_order())
         result = pipeline(args.stages or None)
         for stage in result["stages"]:
             print(f"{stage['stage']}: {'ran' if stage['ran'] else 'unchanged'} ({stage['seconds']} s)")

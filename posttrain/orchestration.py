@@ -13,6 +13,7 @@ an interrupted task stops the command together with the stage DVC started.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -20,6 +21,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from posttrain.errors import UserError
 
 
 def prefect_settings(root: Path | str = ".") -> dict[str, str]:
@@ -51,6 +54,7 @@ def run_logged(cmd: Sequence[str], env: dict[str, str], log: Callable[[str], Non
     """
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True)
+    watchdog = group_watchdog(proc.pid)
     lines = []
     try:
         # text mode reads a progress bar's carriage-return refresh as a line of its own
@@ -64,6 +68,34 @@ def run_logged(cmd: Sequence[str], env: dict[str, str], log: Callable[[str], Non
         raise
     finally:
         proc.stdout.close()
+        release(watchdog)
+
+
+# Reads its stdin to the end: nothing there means the process that started the group died before it could say
+# the group is done (a SIGKILL leaves no chance to stop it), so the group goes too.
+WATCHDOG = """
+import os, signal, sys
+if not sys.stdin.buffer.read():
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def group_watchdog(pgid: int) -> subprocess.Popen:
+    """A process that SIGKILLs process group ``pgid`` if this process dies without ``release``-ing it. The group
+    is a session of its own, so nothing else reaches it: Prefect's runner SIGKILLs a cancelled flow run 30 s after
+    its SIGTERM, as our grace period ends, and the OOM killer or `kill -9` give no grace at all; the stage then ran
+    on, holding the cores and DVC's lock. The watchdog has a session of its own too, out of reach of the terminal's
+    Ctrl-C and of a kill of this process."""
+    return subprocess.Popen([sys.executable, "-c", WATCHDOG, str(pgid)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def release(watchdog: subprocess.Popen) -> None:
+    """Tell ``watchdog`` its group is done with (it ended, or ``stop_group`` ended it), so it exits."""
+    watchdog.communicate(b"done")  # writes, closes and waits; a watchdog gone already is no error
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -101,3 +133,26 @@ def run_dvc(args: Sequence[str], extra_env: dict[str, str], log: Callable[[str],
         tail = "\n".join(output.splitlines()[-15:])
         raise CommandFailed(f"{what} failed (exit {code}):\n{tail}")
     return output
+
+
+PIPELINE_LOCK = Path(".dvc/tmp/posttrain-pipeline.lock")
+
+
+@contextlib.contextmanager
+def pipeline_lock(path: Path = PIPELINE_LOCK):
+    """Hold the repository's pipeline lock for a whole flow run, or stop at once with a UserError if another run holds
+    it. DVC locks only while one of its commands runs: between two stages, and even while a stage runs, a second
+    run with a profile or overrides rewrote params.yaml under the first one's stages. The kernel drops the lock
+    with the process that held it, so a killed run leaves none behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UserError(f"another pipeline run (PID {f.read().strip() or '?'}) is running in this repository "
+                            f"({path} is its lock); start this one when it has finished") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        yield

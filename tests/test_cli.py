@@ -173,3 +173,35 @@ def test_a_bad_sweep_file_is_one_error_line_before_any_flow_starts(tmp_path, mon
     monkeypatch.setattr(flows.sweep, "sweep", no_flow)
     assert main(["sweep", "bad.yaml"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+@pytest.mark.parametrize("params, stage, said", [
+    (None, "evalute", "error: unknown stage(s) 'evalute'; the stages are: prepare, "),
+    ("seed: x\n", "evaluate", "error: params.yaml: seed: got 'x', expected an integer\n")])
+def test_a_mistyped_stage_or_bad_params_is_one_error_line_before_the_flow_starts(tmp_path, monkeypatch, capsys,
+                                                                                 params, stage, said):
+    """Both were first found inside the Prefect flow: a minute of starting Prefect's server on 2 cores, then a failed
+    flow run's traceback."""
+    import flows.pipeline
+
+    workspace(tmp_path, monkeypatch)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], check=True)
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    if params:
+        (tmp_path / "params.yaml").write_text(params)
+
+    def no_flow(stages):
+        raise AssertionError("the flow must not start")
+
+    monkeypatch.setattr(flows.pipeline, "pipeline", no_flow)
+    assert main(["run", stage]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and "Traceback" not in err
+
+
+def test_run_outside_the_repository_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """With a params.yaml but no DVC repository around it, `posttrain run` ended in a NotDvcRepoError traceback."""
+    workspace(tmp_path, monkeypatch)
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "repository root" in err and "Traceback" not in err

@@ -526,3 +526,49 @@ def test_a_pipeline_run_with_a_missing_profile_is_an_error_naming_it(monkeypatch
     monkeypatch.setattr(flows.pipeline, "configure", lambda params: pytest.fail("ran"))
     with pytest.raises(ParamsError, match=r"profile 'configs/params.smok.yaml': no such file"):
         flows.pipeline.pipeline.fn(["report"], profile="configs/params.smok.yaml")
+
+
+def test_a_second_pipeline_run_stops_at_once_and_leaves_the_first_ones_params(tmp_path, monkeypatch,
+                                                                            restore_tracking_uri):
+    """A run with a profile or overrides (the smoke deployment, a custom run from the UI) started while another ran
+    rewrote params.yaml under it: the first run's remaining stages ran, and DVC locked, with the second's params."""
+    import subprocess
+    import sys
+    import threading
+
+    import mlflow
+
+    import flows.pipeline
+    from posttrain.errors import UserError
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("params.yaml", "dvc.yaml", "configs/params.smoke.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((root / name).read_text())
+    monkeypatch.chdir(tmp_path)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], check=True)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment_id = mlflow.create_experiment("posttrain", artifact_location=str(tmp_path / "artifacts"))
+    monkeypatch.setattr(flows.pipeline, "configure", lambda params: experiment_id)
+    before = (tmp_path / "params.yaml").read_text()
+    second, started = [], []
+
+    def run_stage(name, parent):
+        if threading.current_thread() is not threading.main_thread():
+            return {"stage": name, "ran": True, "seconds": 0}  # the second run's own stage
+        if not started:  # while the first run's stage runs, a second run starts with the smoke profile
+            started.append(name)
+            def start_second():
+                try:
+                    second.append(flows.pipeline.pipeline.fn(["prepare"], profile="configs/params.smoke.yaml"))
+                except Exception as e:  # noqa: BLE001 - the outcome is the finding
+                    second.append(e)
+            thread = threading.Thread(target=start_second)
+            thread.start()
+            thread.join()
+        assert (tmp_path / "params.yaml").read_text() == before, f"params.yaml rewritten under stage {name}"
+        return {"stage": name, "ran": True, "seconds": 0}
+
+    monkeypatch.setattr(flows.pipeline, "run_stage", run_stage)
+    flows.pipeline.pipeline.fn(["prepare", "base_model"])
+    assert isinstance(second[0], UserError) and "another pipeline run" in str(second[0])

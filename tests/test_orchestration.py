@@ -169,3 +169,47 @@ def test_a_cancelled_prefect_flow_run_stops_the_stage_it_was_running(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_killed_flow_process_takes_its_stage_down_with_it(tmp_path):
+    """Prefect's runner cancels a flow run with SIGTERM and SIGKILLs it 30 s later, as long as our own grace: a
+    stage still stopping then (or a flow process killed by the OOM killer or `kill -9`) ran on, in a session of
+    its own, holding the cores and DVC's lock."""
+    pids = tmp_path / "pids"
+    stage = """
+        import os, signal, subprocess, sys
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stage slow to stop
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(os.getpid(), child.pid, flush=True)
+        child.wait()
+    """
+    flow = python(f"""
+        import pathlib
+        from posttrain.orchestration import run_logged
+        run_logged({python(stage)!r}, {{}}, pathlib.Path({str(pids)!r}).write_text)
+    """)
+    proc = subprocess.Popen(flow, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    started = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the flow process ended before its stage started"
+            time.sleep(0.1)
+        started = [int(p) for p in pids.read_text().split()]
+        proc.send_signal(signal.SIGINT)  # the interruption: our grace period starts
+        time.sleep(1)
+        proc.kill()  # the runner's SIGKILL, before our grace ran out
+        proc.wait()
+        for _ in range(100):
+            if not any(running(p) for p in started):
+                break
+            time.sleep(0.1)
+        assert not any(running(p) for p in started), "the killed flow's stage still runs"
+    finally:
+        for p in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
