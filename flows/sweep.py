@@ -38,7 +38,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from posttrain.orchestration import apply_prefect_settings, run_dvc
+from posttrain.orchestration import apply_prefect_settings, pipeline_lock, run_dvc
 
 apply_prefect_settings()
 
@@ -370,25 +370,28 @@ def sweep(sweep_file: str) -> dict:
     logger = get_run_logger()
     planned, rows, error = variants(spec), [], None
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    roots = workspace_files()
-    with dvc_lock():
-        saved = {f: f.read_bytes() for f in files_under(roots)}
-    try:
-        for i, overrides in enumerate(planned):
-            # before each variant, so that a killed sweep's report (or the earlier run's) does not pass for this one
-            write_report(spec, rows, len(planned), status(spec, i, len(planned), started, running=True))
-            if not i:
-                remove_earlier_experiments(spec, logger.debug)
-            rows.append(run_variant(spec, f"{spec.name}-{i}", overrides))
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        workspace = put_back(spec, roots, saved, logger.debug)
-        if workspace:
-            logger.error("the workspace could not be put back as it was before the sweep: %s", workspace)
-        report = write_report(spec, rows, len(planned), status(spec, len(rows), len(planned), started, error,
-                                                               workspace=workspace))
+    # a pipeline run (or another sweep) in this repository meanwhile would rewrite params.yaml under a variant, and
+    # put_back would then undo its outputs: one at a time
+    with pipeline_lock():
+        roots = workspace_files()
+        with dvc_lock():
+            saved = {f: f.read_bytes() for f in files_under(roots)}
+        try:
+            for i, overrides in enumerate(planned):
+                # before each variant, so that a killed sweep's report (or the earlier run's) does not pass for this one
+                write_report(spec, rows, len(planned), status(spec, i, len(planned), started, running=True))
+                if not i:
+                    remove_earlier_experiments(spec, logger.debug)
+                rows.append(run_variant(spec, f"{spec.name}-{i}", overrides))
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            workspace = put_back(spec, roots, saved, logger.debug)
+            if workspace:
+                logger.error("the workspace could not be put back as it was before the sweep: %s", workspace)
+            report = write_report(spec, rows, len(planned), status(spec, len(rows), len(planned), started, error,
+                                                                   workspace=workspace))
     print(f"sweep {spec.name}: {len(rows)} variants -> {report}; `python3 -m dvc exp show` lists them, "
           f"`python3 -m dvc exp apply {spec.name}-<i>` brings one into the workspace")
     return {"report": str(report), "rows": rows}

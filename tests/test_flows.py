@@ -394,6 +394,19 @@ def test_a_sweep_stopped_at_its_first_variant_replaces_the_earlier_report_with_w
     assert "the earlier sweep's" not in (out / "s.csv").read_text() and not (out / "s.png").exists()
 
 
+def test_a_sweep_does_not_start_while_a_pipeline_run_holds_the_repository(sweep_workspace):
+    """A sweep rewrites params.yaml for each variant and puts params.yaml and dvc.lock back at its end: beside a
+    pipeline run it changed that run's params under its stages, and undid its outputs."""
+    from posttrain.errors import UserError
+    from posttrain.orchestration import pipeline_lock
+
+    with pipeline_lock(), pytest.raises(UserError, match="another pipeline run"):
+        sweep_workspace.run()
+    assert not any(c[:2] == ["exp", "run"] for c in sweep_workspace.calls)
+    sweep_workspace.run()  # and once that run is over, it runs
+    assert sum(c[:2] == ["exp", "run"] for c in sweep_workspace.calls) == 2
+
+
 def test_a_metric_key_the_last_run_wrote_as_null_does_not_stop_the_sweep(sweep_workspace):
     """Every metrics file writes an undefined figure as null: the sweep refused the file ('... is not a number')."""
     from flows.sweep import load_sweep
@@ -430,6 +443,8 @@ def markdown_rows(text: str) -> list[list[str]]:
 def test_the_workspace_is_put_back_as_it_was_before_the_sweep_finished_or_stopped(sweep_workspace, fails_at):
     """dvc exp run leaves the last variant in the workspace: its params.yaml then ran under the next `dvc repro` and
     under the next sweep's every variant (a budget swept in one sweep stayed in the next)."""
+    from posttrain.orchestration import PIPELINE_LOCK
+
     ws = sweep_workspace
     (ws.path / "dvc.lock").write_text("schema: '2.0'\nstages: {}  # the user's\n")
     (ws.path / "reports/report").mkdir(parents=True)
@@ -437,7 +452,8 @@ def test_the_workspace_is_put_back_as_it_was_before_the_sweep_finished_or_stoppe
 
     def files():
         return {p.relative_to(ws.path).as_posix(): p.read_bytes() for p in ws.path.rglob("*")
-                if p.is_file() and "sweeps" not in p.parts and p.name != "sweep.yaml"}
+                if p.is_file() and "sweeps" not in p.parts and p.name != "sweep.yaml"
+                and p.name != PIPELINE_LOCK.name}  # the lock file, in DVC's scratch directory, stays
     before = files()
 
     def variant(n, sets):
