@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from posttrain.params_fields import DEEPSPEED_DOC, DeepSpeedConfig, Section, http_url
 
@@ -62,6 +62,12 @@ class JudgeParams(Section):
         if any(not 0 <= p <= 1 for p in v.values()) or sum(v.values()) > 1:
             raise ValueError("each probability must be in [0, 1] and they must sum to at most 1")
         return v
+
+    @model_validator(mode="after")
+    def _backoff_order(self):
+        if self.max_backoff_s < self.backoff_s:  # tenacity would wait max_backoff_s from the first retry on
+            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is below backoff_s ({self.backoff_s}), the first wait")
+        return self
 
 
 class OnlinePolicyParams(Section):

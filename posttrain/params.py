@@ -99,6 +99,8 @@ def _parse_yaml(path: Path, text: str, parse: Callable[[str], object]):
         raise ParamsError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise ParamsError(f"{path}: not valid YAML: nested too deeply") from None
+    except ValueError as e:  # a number Python will not read (an integer of more than 4,300 digits)
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
 
 
 def read_yaml(text: str):

@@ -6,6 +6,7 @@ is an error (it is almost always a typo). Loading and the one-line error message
 """
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -223,6 +224,17 @@ class EvaluateParams(Section):
     ray_address: str | None = Field(description="an existing Ray cluster (ray://host:10001 or auto); null = a local one")
     shard_size: int = Field(ge=1, description="questions per shard (shards never depend on the worker count)")
 
+    @field_validator("models", "policies")
+    @classmethod
+    def _under_models(cls, v: list[str]) -> list[str]:
+        # each is read as models/<name>: "" would be models/ itself, an absolute path or ".." a directory elsewhere
+        outside = [name for name in v if not name.strip() or PurePosixPath(name).is_absolute()
+                   or ".." in PurePosixPath(name).parts]
+        if outside:
+            raise ValueError(f"expected directories under models/ (e.g. rlhf, sft_checkpoints/step-100); got "
+                             f"{', '.join(map(repr, outside))}")
+        return v
+
     @field_validator("formats")
     @classmethod
     def _trajectory_names(cls, v):
@@ -262,8 +274,8 @@ class GenerationParams(Section):
 
 
 class TrackingParams(Section):
-    uri: str = Field(description="MLflow tracking URI (default: a SQLite file in the repo)")
-    artifact_root: str = Field(description="where a new experiment stores artifacts")
+    uri: str = Field(min_length=1, description="MLflow tracking URI (default: a SQLite file in the repo)")
+    artifact_root: str = Field(min_length=1, description="where a new experiment stores artifacts")
     experiment: str = Field(min_length=1, description="MLflow experiment name")
 
 

@@ -125,6 +125,13 @@ LATE_FAILURES = [
     ("generation.dtype", "bf16", "generation.dtype: got 'bf16', expected 'auto', 'half'", {}),
     # the shards ran one at a time in this process, the cluster unused
     ("evaluate.workers", 0, "evaluate: ray_address is set but workers is 0", {"evaluate.ray_address": "auto"}),
+    # evaluate read models/ itself, or a directory outside models/, as a model
+    ("evaluate.models", [""], "evaluate.models: expected directories under models/", {}),
+    ("evaluate.policies", ["../elsewhere"], "evaluate.policies: expected directories under models/", {}),
+    # MLflow took an empty URI as its default store, away from the repository's
+    ("tracking.uri", "", "tracking.uri: got '', expected String should have at least 1 character", {}),
+    # tenacity waited max_backoff_s from the first retry on
+    ("judge.max_backoff_s", 0.1, "judge: max_backoff_s (0.1) is below backoff_s (0.5)", {"judge.backoff_s": 0.5}),
 ]
 
 
@@ -152,6 +159,7 @@ def test_values_that_would_fail_a_later_stage_are_refused(key, bad, expected, co
     {"train_rm.estimator": "mc_dropout", "train_rm.uncertainty_lambda": 0.0},
     {"model.hidden_size": 200, "model.num_heads": 4}, {"model.base": "gpt2", "model.hidden_size": 30},
     {"generation.dtype": "bfloat16"}, {"evaluate.workers": 4, "evaluate.ray_address": "ray://head:10001"},
+    {"evaluate.models": ["sft_checkpoints/step-100"]}, {"judge.backoff_s": 2.0, "judge.max_backoff_s": 2.0},
 ])
 def test_values_at_the_edge_of_those_rules_are_kept(settings):
     r = raw()
@@ -258,7 +266,9 @@ def test_params_are_read_as_dvc_writes_them(tmp_path):
     ("seed: !!python/object:os.system {}\n", r"p\.yaml:1:7: not valid YAML"),
     (b"seed: 1\n\xff\n", r"p\.yaml:2: not UTF-8 text"),
     ("dir", r"p\.yaml: cannot read it"),
-], ids=["missing", "empty", "comments-only", "list", "syntax", "duplicate-key", "python-tag", "not-utf8", "directory"])
+    ("seed: 1" + "0" * 5000 + "\n", r"p\.yaml: not valid YAML: Exceeds the limit \(4300 digits\)"),
+], ids=["missing", "empty", "comments-only", "list", "syntax", "duplicate-key", "python-tag", "not-utf8", "directory",
+        "huge-integer"])
 @pytest.mark.parametrize("read", [load_params, lambda path: with_overrides(path, {"seed": 3}, out=None)],
                          ids=["load_params", "with_overrides"])
 def test_an_unusable_params_file_is_a_params_error_naming_it(tmp_path, content, expected, read):
