@@ -61,7 +61,7 @@ def summarize_curve(rows: list[dict]) -> dict:
         rnd = [r["accuracy"] for r in rows if r["policy"] == "random" and r["budget"] == budget]
         out["budgets"][str(budget)] = {
             "uncertainty": unc, "random_mean": statistics.mean(rnd),
-            "random_std": statistics.pstdev(rnd) if len(rnd) > 1 else 0.0,
+            "random_std": statistics.stdev(rnd) if len(rnd) > 1 else 0.0,  # the seeds' sample sd
             "gap_closed_uncertainty": (unc - rm) / (judge - rm) if judge != rm else None,
             "gap_closed_random": (statistics.mean(rnd) - rm) / (judge - rm) if judge != rm else None}
     return out

@@ -8,7 +8,10 @@ and the external planner naming the trajectory the warm-up solver then follows; 
 ``evaluate.policies`` (rlhf, rlvr) on its own choice. The work is cut into shards run by a Prefect task runner on
 Ray (``posttrain.sharded_evaluation``: ``evaluate.workers`` local workers or ``evaluate.ray_address``). Writes
 reports/metrics/evaluate.json (DVC metrics), reports/plots/accuracy_by_difficulty.csv (DVC plot),
-reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot.
+reports/evaluate/responses.jsonl (every response and its verdict) and a PNG plot. A system's accuracy is its own
+choice's (``own_choice``: MLflow's ``<system>.accuracy``, the plot's and the report's); for a system scored on every
+format, evaluate.json's top-level ``accuracy`` is the mean over its formats, logged as
+``<system>.mean_over_formats.accuracy``.
 """
 from __future__ import annotations
 
@@ -52,6 +55,12 @@ def resolve_formats(formats) -> list[str]:
     return list(formats)
 
 
+def own_choice(summary: dict) -> dict:
+    """A system's own accuracy, as the report's table gives it: its own-choice figures where it was also scored on
+    static trajectories (their mean over every format is another system's), else the summary itself."""
+    return summary["by_format"].get(OWN_CHOICE, summary)
+
+
 def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
     """Accuracy by difficulty: one panel per model, a thin line per trajectory, bold own choice."""
     fig, axes = plt.subplots(1, len(summaries), figsize=(6 * len(summaries), 4.2), squeeze=False)
@@ -61,7 +70,9 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
             bold = fmt == OWN_CHOICE
             ax.plot([int(x) for x in d], [fs["by_difficulty"][x] for x in d], marker="o" if bold else None,
                     lw=2.5 if bold else 1, alpha=1 if bold else 0.6, label=fmt, color="k" if bold else None)
-        ax.set(title=f"{name}: accuracy {s['accuracy']:.2f}", xlabel="difficulty (operations)",
+        title = f"{name}: own choice {own_choice(s)['accuracy']:.2f}" + (
+            f", mean over {len(s['by_format'])} formats {s['accuracy']:.2f}" if len(s["by_format"]) > 1 else "")
+        ax.set(title=title, xlabel="difficulty (operations)",
                ylabel="test accuracy", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
     max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7, loc="upper right", ncol=2)  # the most lines
@@ -111,18 +122,21 @@ def main() -> None:
             summary = summarize(rows, [r["n_tokens"] for r in rows])
             all_rows += rows
             summaries[name] = summary
-            mlflow.log_metrics({f"{name}.accuracy": summary["accuracy"],
+            own = own_choice(summary)
+            mlflow.log_metrics({f"{name}.accuracy": own["accuracy"],
                                 f"{name}.mean_response_tokens": summary["mean_response_tokens"],
-                                **{f"{name}.d{d}.accuracy": a for d, a in summary["by_difficulty"].items()},
+                                **{f"{name}.d{d}.accuracy": a for d, a in own["by_difficulty"].items()},
+                                **({f"{name}.mean_over_formats.accuracy": summary["accuracy"]}
+                                   if len(summary["by_format"]) > 1 else {}),
                                 # MLflow metric names cannot hold '+': rewrite+cot -> rewrite-cot
                                 **{f"{name}.{fmt.replace('+', '-')}.accuracy": fs["accuracy"]
                                    for fmt, fs in summary["by_format"].items()}})
-            print(f"evaluate: {name}: accuracy {summary['accuracy']:.3f} over {len(rows)} responses; by "
-                  f"difficulty {summary['by_difficulty']}")
+            print(f"evaluate: {name}: accuracy {own['accuracy']:.3f} (own choice; over all {len(rows)} responses "
+                  f"{summary['accuracy']:.3f}); by difficulty {own['by_difficulty']}")
         first = summaries[cfg.models[0]]
-        own = first["by_format"].get(OWN_CHOICE, {}).get("by_difficulty", {})
-        csv = "difficulty,accuracy,own_choice\n" + "".join(
-            f"{d},{a},{own.get(d, '')}\n" for d, a in first["by_difficulty"].items())
+        own = own_choice(first)["by_difficulty"]
+        csv = "difficulty,accuracy,mean_over_formats\n" + "".join(
+            f"{d},{own.get(d, '')},{a}\n" for d, a in first["by_difficulty"].items())
         atomic_write_text(PLOT_CSV, csv)
         atomic_write_text(RESPONSES, "".join(json.dumps(r) + "\n" for r in all_rows))
         plot_accuracy(summaries, PLOT_PNG)

@@ -102,6 +102,10 @@ def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str
         seen_ids |= {r["id"] for r in kept}
         seen_questions |= {normalized_question(r["question"]) for r in kept}
         cleaned[name] = kept
+    emptied = [name for name in SPLITS if splits[name] and not cleaned[name]]
+    if emptied:  # an empty dev split failed the RL stages at their first dev evaluation, an empty test split evaluate
+        raise DataError(f"splits overlap: dropping the overlaps leaves {' and '.join(emptied)} empty; give "
+                        f"{' and '.join(emptied)} questions of their own")
     return cleaned
 
 

@@ -112,10 +112,16 @@ def training_curves(path: Path) -> list[str]:
     for ax, (title, column, files) in zip(axes, CURVES):
         series = {label: read_curve(CURVE_DIR / name) for label, name in files.items()}
         series = {label: df.dropna(subset=[column]) for label, df in series.items() if column in df}
+        smooth = any(len(df) > 30 for df in series.values())  # one rule per panel: its series read alike
         for label, df in series.items():
-            # long series are smoothed over 10 logged steps; short ones drawn point by point
-            values = df[column].rolling(10, min_periods=1).mean() if len(df) > 30 else df[column]
-            ax.plot(df["step"], values, lw=1.2, marker="o" if len(df) < 10 else None, label=label or None)
+            # long series: the logged points faint, a centred mean over 10 of them on top (a trailing one lags: at
+            # warm-up's step 100 it drew 2.66 where the loss was 1.07)
+            if smooth:
+                line = ax.plot(df["step"], df[column], lw=0.6, alpha=0.3)[0]
+                values = df[column].rolling(10, min_periods=1, center=True).mean()
+                ax.plot(df["step"], values, lw=1.2, color=line.get_color(), label=label or None)
+            else:
+                ax.plot(df["step"], df[column], lw=1.2, marker="o" if len(df) < 10 else None, label=label or None)
         if any(label for label in series):
             ax.legend(fontsize=7)
         if any(len(df) for df in series.values()):
@@ -148,11 +154,15 @@ def build_report(out: Path) -> str:
                   "\n![optimal trajectories](dots/optimal_trajectories.png)\n",
                   "![accuracy by difficulty and format](evaluate/accuracy_by_difficulty.png)\n"]
     if rm:
+        # the score routing ranks by (train_rm.uncertainty_score), and u = sqrt(1 + lambda var) itself: they differ
+        # in sign here, and a column named for u must not show the other's figure
+        score = f"Spearman({rm.get('uncertainty_score', 'routing')} score, correct)"
         table = pd.DataFrame([
             {"model": "pairwise PM", "accuracy": rm["pm_accuracy"], "ECE raw": rm["pm_ece_raw"],
-             "ECE calibrated": rm["pm_ece_calibrated"], "Spearman(u, correct)": rm["spearman_uncertainty_correct"]},
+             "ECE calibrated": rm["pm_ece_calibrated"], score: rm["spearman_uncertainty_correct"],
+             "Spearman(u, correct)": rm["spearman_variance_correct"]},
             {"model": "pointwise RM", "accuracy": rm["pointwise_accuracy"], "ECE raw": rm["pointwise_ece"],
-             "ECE calibrated": float("nan"), "Spearman(u, correct)": float("nan")}])
+             "ECE calibrated": float("nan"), score: float("nan"), "Spearman(u, correct)": float("nan")}])
         table.to_csv(out / "reward_model.csv", index=False)
         parts += ["## Reward model calibration\n", table.to_markdown(index=False, floatfmt=".3f"),
                   "\n![reliability](rm/reliability.png) ![accuracy by uncertainty decile]"
@@ -179,8 +189,8 @@ def build_report(out: Path) -> str:
     drawn = training_curves(out / "training_curves.png")
     if drawn:
         parts += ["## Training curves\n", f"From the curve files the training stages write under `curves/` "
-                  f"(`python3 -m dvc plots show` draws them too): {', '.join(drawn)} (long series smoothed over 10 "
-                  "logged steps).\n",
+                  f"(`python3 -m dvc plots show` draws them too): {', '.join(drawn)} (a long series: each logged step "
+                  "faint, a centred mean over 10 of them on top; two trainers in one panel each on its own steps).\n",
                   "![training curves](report/training_curves.png)\n"]
     parts += ["## Files\n", "- `metrics/*.json`: each stage's DVC metrics; `plots/accuracy_by_difficulty.csv` and "
               "`curves/*.csv` (each training stage's logged steps): DVC plot data (`python3 -m dvc plots show`, "

@@ -5,6 +5,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -207,11 +208,14 @@ def test_the_accuracy_plot_labels_the_panel_with_the_trajectory_lines(tmp_path, 
 
     figures = []
     monkeypatch.setattr(evaluate.plt, "close", figures.append)
-    line = {"accuracy": 0.5, "by_difficulty": {"1": 0.5, "2": 0.4}}
-    evaluate.plot_accuracy({"warmup": {"accuracy": 0.5, "by_format": {"cot": line, "pot": line, "own_choice": line}},
-                            "rlvr": {"accuracy": 0.5, "by_format": {"own_choice": line}}}, tmp_path / "acc.png")
+    line, own = ({"accuracy": a, "by_difficulty": {"1": a, "2": a}} for a in (0.5, 0.4))
+    evaluate.plot_accuracy({"warmup": {"accuracy": 0.47, "by_format": {"cot": line, "pot": line, "own_choice": own}},
+                            "rlvr": {"accuracy": 0.4, "by_format": {"own_choice": own}}}, tmp_path / "acc.png")
     warmup, rlvr = figures[0].axes
     assert warmup.get_legend() is not None and rlvr.get_legend() is None
+    # the warm-up's own accuracy heads its panel: the mean over its formats (0.47) is not any system's
+    assert warmup.get_title() == "warmup: own choice 0.40, mean over 3 formats 0.47"
+    assert rlvr.get_title() == "rlvr: own choice 0.40"
     assert (tmp_path / "acc.png").stat().st_size > 1000
 
 
@@ -258,6 +262,41 @@ def test_the_report_draws_the_training_curves_from_the_curve_files_without_mlflo
     assert [line.get_label() for line in sft.lines] == ["internal", "vanilla"]
     assert rlhf.lines[0].get_ydata().tolist() == [0.5, 0.55] and rlvr.lines[0].get_ydata().tolist() == [0.25, 0.5]
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_a_long_curve_is_drawn_with_a_centred_mean_over_its_points_and_the_points_themselves(tmp_path, monkeypatch):
+    """The trailing mean lagged: at warm-up's step 100 it drew 2.66 where the loss was 1.07."""
+    import stages.report as report
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports/curves").mkdir(parents=True)
+    steps = range(1, 61)
+    (tmp_path / "reports/curves/warmup.csv").write_text("step,loss\n" + "".join(f"{s},{100 - s}\n" for s in steps))
+    figures = []
+    monkeypatch.setattr(report.plt, "close", figures.append)
+    report.training_curves(tmp_path / "curves.png")
+    raw, smoothed = figures[0].axes[0].lines
+    assert raw.get_ydata().tolist() == [100 - s for s in steps]
+    # a centred window of 10 on a straight line sits half a step off it; a trailing one sat 4.5 steps behind
+    assert max(abs(y - (100 - s)) for s, y in zip(steps[5:-5], smoothed.get_ydata()[5:-5])) <= 0.5 + 1e-9
+
+
+def test_the_reward_model_table_gives_us_spearman_beside_the_routing_scores(tmp_path, monkeypatch):
+    """The column "Spearman(u, correct)" showed the predictive score's -0.44; u's own (the variance's) was +0.11."""
+    import shutil
+
+    import stages.report as report
+
+    root = Path(__file__).resolve().parents[1]
+    for part in ("reports/metrics", "reports/curves"):
+        shutil.copytree(root / part, tmp_path / part)
+    monkeypatch.chdir(tmp_path)
+    report.write_report()
+    table = pd.read_csv(tmp_path / "reports/report/reward_model.csv")
+    rm = json.loads((root / "reports/metrics/train_rm.json").read_text())
+    pm = table[table["model"] == "pairwise PM"].iloc[0]
+    assert pm["Spearman(u, correct)"] == pytest.approx(rm["spearman_variance_correct"])
+    assert pm[f"Spearman({rm['uncertainty_score']} score, correct)"] == pytest.approx(rm["spearman_uncertainty_correct"])
 
 
 def test_a_report_that_fails_midway_leaves_the_last_one_whole_and_a_new_one_has_no_stale_file(tmp_path, monkeypatch):

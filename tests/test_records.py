@@ -63,15 +63,21 @@ def test_overlaps_reported_or_dropped():
     assert "id 'c' is in both train and test" in problems
     with pytest.raises(DataError, match="splits overlap"):
         resolve_overlaps(splits, "error")
+    # dropping them left dev and test empty: the RL stages then failed at their first dev evaluation
+    with pytest.raises(DataError, match="dropping the overlaps leaves dev and test empty"):
+        resolve_overlaps(splits, "drop")
+    splits["dev"].append({**GOOD, "id": "e", "question": "Q4"})
+    splits["test"].append({**GOOD, "id": "f", "question": "Q5"})
     cleaned = resolve_overlaps(splits, "drop")
-    assert len(cleaned["train"]) == 2 and cleaned["dev"] == [] and cleaned["test"] == []
+    assert len(cleaned["train"]) == 2 and [r["id"] for r in cleaned["dev"] + cleaned["test"]] == ["e", "f"]
 
 
 def test_a_question_differing_only_in_case_or_spacing_is_an_overlap():
     splits = {"train": [{**GOOD, "id": "a", "question": "Compute 7 + 5."}],
-              "dev": [{**GOOD, "id": "d", "question": "compute  7 + 5. "}], "test": []}
+              "dev": [{**GOOD, "id": "d", "question": "compute  7 + 5. "}, {**GOOD, "id": "e", "question": "Q"}],
+              "test": []}
     assert find_split_overlaps(splits) == ["question 'Compute 7 + 5.' is in both train and dev"]
-    assert resolve_overlaps(splits, "drop")["dev"] == []
+    assert [r["id"] for r in resolve_overlaps(splits, "drop")["dev"]] == ["e"]
 
 
 @pytest.mark.parametrize("profile", ["configs/params.smoke.yaml", "params.yaml"])

@@ -405,3 +405,15 @@ def test_the_routing_curve_reduces_both_orders_variances_as_training_does(tmp_pa
         rows, _ = stage.evaluate_routing(judge, pm, [0.5], n_seeds=1, reduce=reduce)
         at_half[reduce] = next(r["accuracy"] for r in rows if r["policy"] == "uncertainty_budget")
     assert at_half == {"mean": 0.5, "max": 1.0}
+
+
+def test_the_routing_summary_gives_random_routings_sample_sd_over_its_seeds():
+    # pstdev over 5 seeds read 11% below the seeds' spread that "random std" names
+    from posttrain.routing_eval import summarize_curve
+
+    rows = [{"policy": "rm_only", "budget": None, "accuracy": 0.7},
+            {"policy": "judge_only", "budget": None, "accuracy": 0.9},
+            {"policy": "uncertainty_budget", "budget": 0.1, "accuracy": 0.8}]
+    rows += [{"policy": "random", "budget": 0.1, "seed": s, "accuracy": a} for s, a in enumerate([0.72, 0.74, 0.76])]
+    ten = summarize_curve(rows)["budgets"]["0.1"]
+    assert ten["random_std"] == pytest.approx(0.02) and ten["gap_closed_uncertainty"] == pytest.approx(0.5)
