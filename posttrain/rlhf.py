@@ -41,7 +41,7 @@ from accelerate import PartialState
 from accelerate.utils import broadcast_object_list, gather_object
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.checkpoints import (StopsAtMaxSteps, claim_checkpoint_dir, last_complete_checkpoint, result_params,
@@ -51,6 +51,7 @@ from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.generation import trl_vllm_args
+from posttrain.grpo_config import CredentialFreeGRPOConfig
 from posttrain.modeling import device_args
 from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.routing import (antisymmetrize, apply_verdicts, decisive_chance, expected_gain, pairwise_advantages,
@@ -308,10 +309,10 @@ class RoutedGRPOTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
     step no further (``posttrain.checkpoints.StopsAtMaxSteps``)."""
 
 
-def grpo_config(cfg, out: Path, seed: int) -> GRPOConfig:
+def grpo_config(cfg, out: Path, seed: int) -> CredentialFreeGRPOConfig:
     """TRL's GRPO from ``rlhf`` params: n responses per prompt, clipped updates, KL to the reference, and
     ``scale_rewards="none"`` so the advantage is exactly the routed pairwise A_i."""
-    return GRPOConfig(
+    return CredentialFreeGRPOConfig(
         output_dir=str(out), max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.n_responses, num_generations=cfg.n_responses,
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon,

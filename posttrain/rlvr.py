@@ -44,13 +44,14 @@ from pathlib import Path
 import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from trl.trainer.utils import pad
 
 from posttrain.atomic import atomic_write_json
 from posttrain.checkpoints import StopsAtMaxSteps
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import trl_vllm_args
+from posttrain.grpo_config import CredentialFreeGRPOConfig
 from posttrain.modeling import device_args
 from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.rng_state import rng_state, set_rng_state
@@ -94,10 +95,10 @@ def reference_responses(records: list[dict], verifier: VerifierReward, tokenizer
             for p, t, reward in zip(prompts, texts, rewards) if reward > 0]
 
 
-def rlvr_config(cfg, out: str | Path, seed: int) -> GRPOConfig:
+def rlvr_config(cfg, out: str | Path, seed: int) -> CredentialFreeGRPOConfig:
     """TRL's GRPO settings from the ``rlvr`` params: one optimiser step per rollout, clipped, with KL."""
     group = cfg.k if cfg.algo == "ar3po" else cfg.n_responses
-    return GRPOConfig(
+    return CredentialFreeGRPOConfig(
         output_dir=str(out), max_steps=cfg.max_steps, num_generations=group,
         per_device_train_batch_size=cfg.prompts_per_step * group, gradient_accumulation_steps=1,
         learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon, loss_type="dapo",

@@ -196,3 +196,17 @@ def test_resume_skips_a_checkpoint_killed_before_its_rollout_state(tmp_path):
             (tmp_path / f"checkpoint-{step}" / ROLLOUT_STATE).write_text("{}")
     assert last_complete_checkpoint(tmp_path, marker=ROLLOUT_STATE) == str(tmp_path / "checkpoint-2")
     assert last_complete_checkpoint(tmp_path / "missing", marker=ROLLOUT_STATE) is None
+
+
+@pytest.mark.parametrize("stage", ["rlhf", "rlvr"])
+def test_a_vllm_server_urls_credentials_never_reach_the_params_mlflow_logs(stage, tmp_path):
+    # transformers' MLflow callback logs the training arguments' to_dict(), which hides only *_token fields
+    from posttrain.rlhf import grpo_config
+    from posttrain.rlvr import rlvr_config
+
+    url = "http://user:SECRET@vllm.internal:8000?key=SECRET2"
+    cfg = getattr(load_params(SMOKE), stage).model_copy(update={"vllm": "server", "vllm_server_url": url})
+    config = (grpo_config if stage == "rlhf" else rlvr_config)(cfg, tmp_path, 0)
+    logged = json.dumps(config.to_dict(), default=str)
+    assert "SECRET" not in logged and "vllm.internal:8000" in logged
+    assert config.vllm_server_base_url == url  # TRL's client still connects with them
