@@ -140,7 +140,10 @@ def pairs_dataset(samples: list[dict], tokenizer, max_length: int | None, trunca
     """A DPO/SePPO dataset from seppo_sample rows: anchor = chosen, reference sample = rejected.
 
     seppo_sample's reference log-probs cover whole sequences (it cannot know the trainer's max_length); the pairs
-    ``max_length`` cuts get theirs again from their own reference checkpoint, over the tokens the trainer keeps."""
+    ``max_length`` cuts get theirs again from their own reference checkpoint, over the tokens the trainer keeps.
+    A sample whose anchor fails the verifier (``anchor_correct`` False) is left out: SePPO learns from winners alone,
+    and seppo_sample's own pairs leave such anchors out too."""
+    samples = [s for s in samples if s.get("anchor_correct", True)]
     rows = [{"prompt": s["prompt"], "chosen": s["anchor"], "rejected": s["response"],
              "ref_chosen_logps": s["ref_anchor_logp"], "ref_rejected_logps": s["ref_response_logp"]} for s in samples]
     cut = defaultdict(list)  # reference checkpoint -> the rows it scores again

@@ -444,3 +444,14 @@ def test_the_benchmark_report_gives_the_raw_and_the_calibrated_tie_figure():
                                   pointwise_margin=[1.0, -1.0, 0.0])
     assert metrics["tie_mean_abs_p_raw_minus_half"] == pytest.approx(torch.sigmoid(torch.tensor(2.0)).item() - 0.5)
     assert metrics["tie_mean_abs_p_minus_half"] < metrics["tie_mean_abs_p_raw_minus_half"] / 2
+
+
+def test_seppo_policy_pairs_leave_out_anchors_the_verifier_rejects(tiny):
+    """SePPO learns from winning data alone: an anchor that fails the verifier (seppo_sample's anchor_correct,
+    pot's brute force of a huge block) is no winner, so it must not be a DPO/SePPO "chosen"."""
+    from posttrain.seppo import pairs_dataset
+    samples = [{"prompt": prompt(f"question {i}"), "anchor": f" cot\nAnswer: {i}", "response": f" cot\nAnswer: {i + 1}",
+                "reference": tiny.path, "ref_anchor_logp": -1.0, "ref_response_logp": -2.0, "anchor_correct": ok}
+               for i, ok in enumerate([True, False, True])]
+    data = pairs_dataset(samples, tiny.tok, max_length=None)
+    assert list(data["chosen"]) == [" cot\nAnswer: 0", " cot\nAnswer: 2"]
