@@ -136,14 +136,33 @@ def dynamic_sampling(prompts: list[str], n: int, sample: SampleFn, more_prompts:
         last = dict(zip(candidates, out))
         kept.update({p: rs for p, rs in last.items() if len({r.reward for r in rs}) > 1})
         discarded = {**{p: rs for p, rs in last.items() if p not in kept}, **discarded}  # the latest round first
-        need = wanted - len(kept)
-        candidates = [p for p in (next(more_prompts, None) for _ in range(need)) if p is not None] if need > 0 else []
+        candidates = fresh_prompts(more_prompts, wanted - len(kept), taken=set(kept))
     groups = dict(list(kept.items())[:wanted]) if kept else last
     for p, rs in discarded.items():
         if len(groups) >= min_groups:
             break
         groups.setdefault(p, rs)
     return groups, stats
+
+
+def fresh_prompts(more_prompts: Iterator[str], count: int, taken: set[str], max_draws_each: int = 20) -> list[str]:
+    """Up to ``count`` distinct prompts from ``more_prompts`` that are not in ``taken`` (the step's kept groups).
+
+    The stream draws with replacement: a prompt already kept would be generated again and its new group would replace
+    the kept one (groups are keyed by prompt), and one drawn twice in a round is generated twice and kept once; either
+    way responses are paid for and lost. A discarded prompt may come back: resampled, its group may differ. At most
+    ``max_draws_each`` draws per prompt wanted, so a stream of nothing but taken prompts cannot spin forever.
+    """
+    out: list[str] = []
+    for _ in range(max(count, 0) * max_draws_each):
+        if len(out) == count:
+            break
+        p = next(more_prompts, None)
+        if p is None:
+            break
+        if p not in taken and p not in out:
+            out.append(p)
+    return out
 
 
 def adaptive_rollout(prompts: list[str], stages: int, k: int, sample: SampleFn,

@@ -137,3 +137,19 @@ def test_the_rollout_reward_and_solved_share_count_what_the_policy_generated():
     groups, stats = dynamic_sampling(["always", "never"], n=4, sample=sample, more_prompts=iter(["mixed"] * 9),
                                      max_rounds=2)
     assert "always" not in groups and stats.solved >= {"always"} and stats.reward_sum >= 4
+
+
+def test_dynamic_sampling_never_regenerates_a_prompt_it_already_kept_this_step():
+    # the extra-prompt stream draws with replacement from every prompt, so it can hand back one the step already kept
+    # (or the same one twice in a round): its new group overwrote the kept one (keyed by prompt), the step came out a
+    # group short and the overwritten group's responses still counted as DAPO's cost
+    sample, calls = stub_policy({"m0": 0.5, "m1": 0.5, "never": 0.0, "m2": 0.5}, seed=2)
+    groups, stats = dynamic_sampling(["m0", "never"], n=8, sample=sample, more_prompts=iter(["m0", "m1", "m1", "m2"]),
+                                     max_rounds=3)
+    assert list(groups) == ["m0", "m1"] and stats.rounds == 2
+    assert [c[0] for c in calls] == [["m0", "never"], ["m1"]]
+    assert stats.per_prompt["m0"] == 8 and stats.generated == 8 * 3
+    # within one round, a prompt drawn twice is generated once (it was generated twice and kept once)
+    sample, calls = stub_policy({"a": 0.0, "b": 0.0, "m1": 0.5, "m2": 0.5}, seed=2)
+    groups, _ = dynamic_sampling(["a", "b"], n=8, sample=sample, more_prompts=iter(["m1", "m1", "m2"]), max_rounds=2)
+    assert calls[1][0] == ["m1", "m2"] and list(groups) == ["m1", "m2"]
