@@ -103,7 +103,8 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
             metrics = json.loads(METRICS.read_text()) if "evaluate" in order and METRICS.exists() else {}
             for model, summary in metrics.items():
                 # its own choice, as the report gives it; a warm-up's mean over its 13 formats is another system
-                mlflow.log_metric(f"{model}.accuracy", summary["by_format"].get("own_choice", summary)["accuracy"])
+                own = summary.get("by_format", {}).get("own_choice", summary)
+                mlflow.log_metric(f"{model}.accuracy", own["accuracy"])
     return {"stages": results, "metrics": metrics}
 
 
