@@ -18,9 +18,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _confidence_correct(p, label_a) -> tuple[np.ndarray, np.ndarray]:
+def pair_correct(p, label_a) -> np.ndarray:
+    """Per pair, 1 where ``p`` picks the better response, 0 where it picks the worse, and 1/2 at p = 1/2: a model
+    that cannot tell the two apart is right half the time, not always on the side the comparison breaks to (the
+    antisymmetrised score of two texts it scores alike is exactly 0)."""
     p, label_a = np.asarray(p, float), np.asarray(label_a, bool)
-    return np.maximum(p, 1 - p), (p > 0.5) == label_a
+    return np.where(p == 0.5, 0.5, ((p > 0.5) == label_a).astype(float))
+
+
+def _confidence_correct(p, label_a) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(p, float)
+    return np.maximum(p, 1 - p), pair_correct(p, label_a)
 
 
 def reliability_bins(p, label_a, n_bins: int = 10) -> list[dict]:
@@ -48,7 +56,7 @@ def spearman(x, y) -> float:
 def accuracy_by_decile(uncertainty, correct, n: int = 10) -> list[dict]:
     """Accuracy within each uncertainty decile, lowest uncertainty first (ties broken by position)."""
     order = np.argsort(np.asarray(uncertainty, float), kind="stable")
-    correct = np.asarray(correct, bool)[order]
+    correct = np.asarray(correct, float)[order]
     u = np.asarray(uncertainty, float)[order]
     return [{"decile": i + 1, "count": len(idx), "mean_uncertainty": float(u[idx].mean()),
              "accuracy": float(correct[idx].mean())} for i, idx in enumerate(np.array_split(np.arange(len(u)), n))

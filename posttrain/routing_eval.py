@@ -27,9 +27,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def _accuracy(labels: list[str], g: torch.Tensor, verdicts: list[str | None], routed: set[int]) -> float:
-    correct = 0
+    """The share of pairs decided right: by the verdict where routed and given, else by the PM's sign (g = 0, the PM
+    unable to choose, counts a half, as ``posttrain.calibration.pair_correct`` does)."""
+    correct = 0.0
     for i, label in enumerate(labels):
         v = verdicts[i] if i in routed else None
+        if v is None and g[i] == 0:
+            correct += 0.5
+            continue
         decision = v if v is not None else ("A" if g[i] > 0 else "B")
         correct += decision == label
     return correct / len(labels)

@@ -23,8 +23,8 @@ import mlflow
 import torch
 
 from posttrain.atomic import atomic_dir, atomic_write_json
-from posttrain.calibration import (accuracy_by_decile, expected_calibration_error, plot_decile_accuracy,
-                                   plot_reliability, reliability_bins, spearman)
+from posttrain.calibration import (accuracy_by_decile, expected_calibration_error, pair_correct,
+                                   plot_decile_accuracy, plot_reliability, reliability_bins, spearman)
 from posttrain.curves import CURVE_DIR
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
@@ -42,8 +42,7 @@ CHECKPOINTS, REPORTS, METRICS = Path("checkpoints/train_rm"), Path("reports/rm")
 
 
 def decisive_figures(p: list[float], label_a: list[bool], n_bins: int = 10) -> dict:
-    correct = [(x > 0.5) == y for x, y in zip(p, label_a)]
-    return {"accuracy": sum(correct) / len(correct), "ece": expected_calibration_error(p, label_a, n_bins)}
+    return {"accuracy": float(pair_correct(p, label_a).mean()), "ece": expected_calibration_error(p, label_a, n_bins)}
 
 
 def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam: float,
@@ -60,7 +59,8 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
     decisive = [i for i, pair in enumerate(pairs) if pair["label"] != "tie"]
     ties = [i for i, pair in enumerate(pairs) if pair["label"] == "tie"]
     label_a = [pairs[i]["label"] == "A" for i in decisive]
-    correct = [(p_raw[i] > 0.5) == y for i, y in zip(decisive, label_a)]
+    correct = pair_correct([p_raw[i] for i in decisive], label_a).tolist()
+    pointwise_correct = pair_correct([p_pw[i] for i in decisive], label_a).tolist()
     unc = [u[i].item() for i in decisive]
     deciles = accuracy_by_decile(unc, correct)
     variance = [var[i].item() for i in decisive]
@@ -90,8 +90,7 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
     for d in sorted({pairs[i]["difficulty"] for i in decisive}):
         idx = [k for k, i in enumerate(decisive) if pairs[i]["difficulty"] == d]
         metrics["pm_accuracy_by_difficulty"][str(d)] = round(sum(correct[k] for k in idx) / len(idx), 4)
-        metrics["pointwise_accuracy_by_difficulty"][str(d)] = round(
-            sum((p_pw[decisive[k]] > 0.5) == label_a[k] for k in idx) / len(idx), 4)
+        metrics["pointwise_accuracy_by_difficulty"][str(d)] = round(sum(pointwise_correct[k] for k in idx) / len(idx), 4)
     curves = {"deciles": deciles, "variance_deciles": variance_deciles, "reliability": {
         "PM raw": reliability_bins([p_raw[i] for i in decisive], label_a),
         "PM calibrated (g/u)": reliability_bins([p_cal[i] for i in decisive], label_a),

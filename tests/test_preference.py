@@ -7,7 +7,7 @@ import torch
 from datasets import Dataset
 from trl import DPOConfig, DPOTrainer
 
-from posttrain.calibration import accuracy_by_decile, expected_calibration_error, spearman
+from posttrain.calibration import accuracy_by_decile, expected_calibration_error, pair_correct, spearman
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, tie_pairs, training_pairs
 from posttrain.preference_model import PreferenceModel
@@ -391,6 +391,22 @@ def test_calibration_figures_on_known_cases():
     assert spearman([1, 2, 3, 4], [0, 0, 1, 1]) > 0.8 and spearman([1, 2, 3, 4], [1, 1, 0, 0]) < -0.8
     deciles = accuracy_by_decile(list(range(100)), [i < 50 for i in range(100)])
     assert deciles[0]["accuracy"] == 1.0 and deciles[-1]["accuracy"] == 0.0 and len(deciles) == 10
+
+
+def test_a_model_that_cannot_choose_is_right_half_the_time_not_on_the_side_ties_break_to():
+    """p = 1/2 (the antisymmetrised score of two texts scored alike is exactly 0) was read as a vote for B: a PM that
+    scored every pair 0 was 100% right on a benchmark whose better response is always B, in the accuracy, the
+    reliability bins, the deciles and the routing curve's rm_only end."""
+    from posttrain.routing_eval import routing_curve
+    from stages.train_rm import decisive_figures
+
+    blind, label_a = [0.5] * 4, [False] * 4
+    assert decisive_figures(blind, label_a)["accuracy"] == 0.5
+    assert accuracy_by_decile([0.0] * 4, pair_correct(blind, label_a), n=1)[0]["accuracy"] == 0.5
+    assert pair_correct([0.9, 0.2, 0.5], [True, True, True]).tolist() == [1.0, 0.0, 0.5]
+    rows = routing_curve(["B"] * 4, torch.zeros(4), torch.ones(4), ["B"] * 4, budgets=[0.0], seeds=[0])
+    assert next(r["accuracy"] for r in rows if r["policy"] == "rm_only") == 0.5
+    assert next(r["accuracy"] for r in rows if r["policy"] == "judge_only") == 1.0
 
 
 def test_pair_uncertainty_scores():
