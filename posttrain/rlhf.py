@@ -7,7 +7,8 @@ function. For a step's batch of prompt groups it:
 1. scores every pair (i, j) with the PM, antisymmetrised: s_ij = (r_ij - r_ji) / 2, u_ij from both orders;
 2. routes pairs to the judge by the configured policy (uncertainty threshold or budget, random, rm_only,
    judge_only) over all the step's pairs at once (a budget is budget x the step's pairs; pairs of identical
-   responses, ties by construction, are never sent; with ``rlhf.same_answer`` skip or tie, neither are pairs whose
+   responses, ties by construction, are never sent and score 0, whitespace around a text included, which the
+   judge's prompt strips; with ``rlhf.same_answer`` skip or tie, neither are pairs whose
    final answers agree, and tie scores them 0; with ``rlhf.route_score`` expected_gain, uncertainty routing ranks
    pairs by how far the verdict is expected to move s_ij where it can split a right response from a wrong one;
    with ``rlhf.route_unit`` comparison, a budget counts distinct comparisons, the calls paid), asks the judge once
@@ -152,8 +153,11 @@ class RoutedPairwiseReward:
         #    predictive score ranks as the most uncertain of all, and a low-entropy policy samples many such pairs.
         #    Routed, they would take the whole budget and the judge would only confirm the tie, so they never go,
         #    and the budget counts only the others: 10% is a tenth of what judge_only pays.
+        #    Texts that differ only in surrounding whitespace are one text to the judge (its prompt strips them), so
+        #    they are identical here too: never routed, and scored a tie below, not by the PM's noise between them.
         index = [(g, i, j) for g, (_, u, _) in enumerate(scored) for i, j in upper_pairs(len(u))]
-        distinct = [responses[g][i].strip() != responses[g][j].strip() for g, i, j in index]
+        texts = [[r.strip() for r in group] for group in responses]
+        distinct = [texts[g][i] != texts[g][j] for g, i, j in index]
         answers = self.group_answers(responses)
         #    Two different responses with the same final answer are both right or both wrong: the judge's first
         #    criterion cannot split them. same_answer skip keeps them from the judge, tie also scores them 0.
@@ -164,7 +168,7 @@ class RoutedPairwiseReward:
         eligible = [d and not m for d, m in zip(distinct, same)]
         #    A group often holds one response twice, so pairs (i, j) and (k, j) can be one comparison: the judge is
         #    paid once for it and its verdict serves every copy.
-        copies = comparisons(index, responses, eligible)
+        copies = comparisons(index, texts, eligible)
         if self.cfg.route_unit == "comparison":
             routed = self.route_comparisons(index, copies, rank_by)
         else:
@@ -174,10 +178,9 @@ class RoutedPairwiseReward:
         #    the PM's s_ij
         asks: dict[tuple, tuple[str, str, str]] = {}
         for g, i, j in routed:
-            asks.setdefault(comparison_key(responses[g][i], responses[g][j], g),
-                            (questions[g], responses[g][i], responses[g][j]))
+            asks.setdefault(comparison_key(texts[g][i], texts[g][j], g), (questions[g], texts[g][i], texts[g][j]))
         answer = dict(zip(asks, self.judge.judge(list(asks.values())))) if asks else {}
-        verdicts = [oriented(asks, answer, responses[g][i], responses[g][j], g) for g, i, j in routed]
+        verdicts = [oriented(asks, answer, texts[g][i], texts[g][j], g) for g, i, j in routed]
         judged: dict[int, dict] = defaultdict(dict)
         ties = overruled = 0  # what the calls bought: a tie, or the side the PM scored lower
         for (g, i, j), v in zip(routed, verdicts):
@@ -193,16 +196,15 @@ class RoutedPairwiseReward:
         shared = 0
         for ks in copies:
             g, i, j = index[ks[0]]
-            if answer.get(comparison_key(responses[g][i], responses[g][j], g)) is None:
+            if answer.get(comparison_key(texts[g][i], texts[g][j], g)) is None:
                 continue  # not asked, or the call failed: every copy keeps the PM's
             for g, i, j in (index[k] for k in ks):
                 if (i, j) not in judged[g]:
-                    judged[g][(i, j)] = oriented(asks, answer, responses[g][i], responses[g][j], g)
+                    judged[g][(i, j)] = oriented(asks, answer, texts[g][i], texts[g][j], g)
                     shared += 1
-        if self.cfg.same_answer == "tie":
-            for (g, i, j), m in zip(index, same):
-                if m:
-                    judged[g][(i, j)] = "tie"  # scored as a verdict, counted as none: no one paid for it
+        for (g, i, j), d, m in zip(index, distinct, same):
+            if not d or (m and self.cfg.same_answer == "tie"):
+                judged[g][(i, j)] = "tie"  # scored as a verdict, counted as none: no one paid for it
         # 4. A_i = scale / (n - 1) * sum_j s_ij per group, as each response's reward
         rewards = [0.0] * len(completions)
         for g, (idx, (s, _, _)) in enumerate(zip(groups, scored)):

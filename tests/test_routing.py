@@ -252,6 +252,25 @@ def test_pairs_of_identical_responses_never_reach_the_judge():
     assert judge.asked == [("q", "aa right", "aaaaaaa")]
 
 
+def test_responses_differing_only_in_surrounding_whitespace_are_one_text_scored_a_tie():
+    """The judge's prompt strips each response, so "aa right" and "aa right\n" are one text to it; they were counted
+    identical and never routed, yet kept the PM's s_01 (here -1, from the lengths), which moved their advantages
+    apart by noise. Now s_01 = 0: A_0 - A_1 comes from the other pairs alone, (s_02 + s_03) - (s_12 + s_13) = -2."""
+    from posttrain.rlhf import RoutedPairwiseReward
+
+    responses = ["aa right", "aa right\n", "a", "aaaaaaa"]
+    cfg = load_params("configs/params.smoke.yaml").rlhf.model_copy(update={"route_score": "uncertainty"})
+    rewards = RoutedPairwiseReward(StubPM(), StubJudge(), cfg.model_copy(update={"routing": "rm_only"}), seed=0)(
+        prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+    assert rewards[0] - rewards[1] == pytest.approx(cfg.advantage_scale / 3 * -2)
+    judge = StubJudge()
+    reward = RoutedPairwiseReward(StubPM(), judge, cfg.model_copy(update={"routing": "judge_only"}), seed=0)
+    reward(prompts=["p"] * 4, completions=responses, question=["q"] * 4)
+    # one text: (0, 2) and (1, 2) are one comparison, as are (0, 3) and (1, 3), so judge_only pays 3 calls, not 5
+    assert reward.totals["identical_pairs"] == 1 and sorted(judge.asked) == [
+        ("q", "a", "aaaaaaa"), ("q", "aa right", "a"), ("q", "aa right", "aaaaaaa")]
+
+
 def test_copies_of_a_comparison_are_asked_once_and_each_gets_the_verdict_in_its_own_order():
     """Responses 0 and 2 are one text, so (0, 1) and (1, 2) are one comparison held in opposite orders, as are (0, 3)
     and (2, 3): 5 judgeable pairs, 3 judge calls. Each copy takes the verdict in its own order (the stub judge
