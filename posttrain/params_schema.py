@@ -57,6 +57,9 @@ class PrepareParams(Section):
     n_test: int = Field(ge=1, description="synthetic: test questions")
     on_overlap: Literal["error", "drop"] = Field(
         description="an id/question shared across splits: stop, or drop it from the later split")
+    stratify_kinds: bool = Field(
+        description="synthetic: dev and test keep the question kinds of their slice of the pool, as train does (false "
+                    "balances difficulty and form only, and test then holds half train's share of repeat questions)")
 
 
 class ModelParams(Section):

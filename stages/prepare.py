@@ -38,7 +38,7 @@ def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[s
                                      task.max_value, kind_weights=task.kind_weights)
         except DataError:  # the task holds fewer distinct questions than that
             pool = None
-        splits = split_pool(pool, sizes) if pool else None
+        splits = split_pool(pool, sizes, prep.stratify_kinds) if pool else None
         if splits is not None:
             return splits
         if pool is None or extra >= 4 * n:
@@ -48,28 +48,32 @@ def synthetic_splits(task: TaskParams, prep: PrepareParams, seed: int) -> dict[s
         extra *= 2
 
 
-def split_pool(pool: list[Problem], sizes: dict[str, int]) -> dict[str, list[dict]] | None:
-    """The splits from ``pool`` (None if it runs short): each takes, per (difficulty, form), as many problems as
-    ``pool``'s order gives it (train the first ``sizes['train']``), skipping after train the problems an earlier
-    split holds."""
+def split_pool(pool: list[Problem], sizes: dict[str, int], by_kind: bool = False) -> dict[str, list[dict]] | None:
+    """The splits from ``pool`` (None if it runs short): each takes, per (difficulty, form), and per kind too with
+    ``by_kind``, as many problems as ``pool``'s order gives it (train the first ``sizes['train']``), skipping after
+    train the problems an earlier split holds (``problem_key``)."""
+    def bucket_of(p: Problem) -> tuple:
+        return (p.difficulty, p.form, p.kind) if by_kind else (p.difficulty, p.form)
+
     order = {id(p): i for i, p in enumerate(pool)}
     buckets: dict[tuple, list[Problem]] = {}
     for p in pool:
-        buckets.setdefault((p.difficulty, p.form), []).append(p)
+        buckets.setdefault(bucket_of(p), []).append(p)
     taken: set[tuple] = set()
     splits, start = {}, 0
     for name in SPLITS:
-        wanted = Counter((p.difficulty, p.form) for p in pool[start:start + sizes[name]])
+        wanted = Counter(bucket_of(p) for p in pool[start:start + sizes[name]])
         start += sizes[name]
         chunk = []
         for bucket, count in wanted.items():
-            fresh = [p for p in buckets[bucket] if name == "train" or problem_key(p) not in taken][:count]
+            fresh = [p for p in buckets[bucket]
+                     if name == "train" or problem_key(p, keep_bare_repeats=by_kind) not in taken][:count]
             if len(fresh) < count:
                 return None
             used = {id(p) for p in fresh}
             buckets[bucket] = [p for p in buckets[bucket] if id(p) not in used]
             chunk += fresh
-        taken |= {problem_key(p) for p in chunk}
+        taken |= {problem_key(p, keep_bare_repeats=by_kind) for p in chunk}
         chunk.sort(key=lambda p: order[id(p)])
         splits[name] = [
             {"id": f"{name}-{i:06d}", "question": p.question, "answer": p.answer, "difficulty": p.difficulty,
@@ -79,10 +83,18 @@ def split_pool(pool: list[Problem], sizes: dict[str, int]) -> dict[str, list[dic
     return splits
 
 
-def problem_key(p: Problem) -> tuple:
+def problem_key(p: Problem, keep_bare_repeats: bool = False) -> tuple:
     """What the question asks, whatever its wording: the start value and the steps. A net-zero repeated block is
-    wording too: its question restated (``rewrite``) is the problem without it, with the same answer."""
-    return p.start, tuple((s.op, s.operand) for s in p.steps if not s.repeat)
+    wording too: its question restated (``rewrite``) is the problem without it, with the same answer.
+
+    With ``keep_bare_repeats`` a question that is nothing but a start and net-zero blocks ("Start with 7. Add 4,
+    then subtract 4, and repeat this 10 times.") keeps its blocks: it states its own answer, so no other split's
+    question can leak it, and train holds every start value's bare form, so dev and test could take no one-step
+    repeat question."""
+    clean = tuple((s.op, s.operand) for s in p.steps if not s.repeat)
+    if keep_bare_repeats and not clean:
+        return p.start, tuple((s.op, s.operand, s.repeat) for s in p.steps)
+    return p.start, clean
 
 
 def resolve_overlaps(splits: dict[str, list[dict]], on_overlap: str) -> dict[str, list[dict]]:
