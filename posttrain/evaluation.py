@@ -69,7 +69,8 @@ def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
     """Accuracy overall / per difficulty / per format, and mean response tokens.
 
     Returns ``{"accuracy": float, "mean_response_tokens": float, "by_format": {fmt: {"accuracy",
-    "by_difficulty": {d: acc}}}, "by_difficulty": {d: acc}}``.
+    "by_difficulty": {d: acc}}}, "by_difficulty": {d: acc}, "mean_actions_by_difficulty": {d: mean}}`` (actions of
+    the trajectories the system chose, not those a static format named).
     """
     def acc(rs: list[dict]) -> float:
         return round(sum(r["correct"] for r in rs) / len(rs), 4) if rs else 0.0
@@ -87,7 +88,9 @@ def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
         formats[fmt] = {"accuracy": acc(rs), "by_difficulty": {str(d): acc(v) for d, v in sorted(per_d.items())}}
     actions: dict[int, list[int]] = defaultdict(list)
     for r in rows:
-        if r["trajectory"]:
+        # the trajectories the system chose (own choice, the external planner's): a static format's is the prompt's,
+        # and a model scored on all 12 would otherwise show their mean, whatever it chose
+        if r["trajectory"] and r["format"] not in BY_NAME:
             actions[r["difficulty"]].append(BY_NAME[r["trajectory"]].n_actions)
     return {
         "accuracy": acc(rows),

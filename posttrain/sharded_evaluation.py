@@ -30,9 +30,10 @@ apply_prefect_settings()  # before Prefect reads its settings: the repository's 
 from prefect import flow, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from posttrain.atomic import atomic_write_json
+from posttrain.atomic import atomic_write_text
 from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import open_generator
+from posttrain.modeling import ModelLoadError
 from posttrain.params_schema import EvaluateParams, Params
 from posttrain.sandbox import sandbox_limits
 from posttrain.trajectories import Trajectory, plain_prompt, prompt, split_choice
@@ -71,6 +72,14 @@ def plan_shards(systems: dict[str, tuple[str, tuple[str, ...]]], n_records: int,
             shards += [Shard(system, kind, (fmt,), start, min(start + shard_size, n_records), model_dir)
                        for start in range(0, n_records, shard_size)]
     return shards
+
+
+def model_dirs(shard: Shard) -> list[Path]:
+    """The model directories ``shard`` loads: the external planner and the solver it directs, or its own model."""
+    if shard.kind == "external":
+        root = Path(shard.model_dir).parent.parent  # shards carry absolute paths: Ray workers may run elsewhere
+        return [root / PLANNER, root / SOLVER]
+    return [Path(shard.model_dir)]
 
 
 def _answer(model_dir: str, records: list[dict], prompts: list[str], formats: list[str], params: Params) -> list[dict]:
@@ -125,7 +134,9 @@ def evaluate_shard(shard: Shard, part: list[dict], params: Params, done_dir: str
             return json.loads(done.read_text(encoding="utf-8"))
     rows = _score_shard(shard, part, params)
     if done is not None:
-        atomic_write_json(done, rows)
+        # keys in the order scored (atomic_write_json sorts them): a resumed run's responses.jsonl is byte for byte
+        # an uninterrupted one's
+        atomic_write_text(done, json.dumps(rows))
     return rows
 
 
@@ -133,8 +144,8 @@ def _score_shard(shard: Shard, part: list[dict], params: Params) -> list[dict]:
     if "OMP_NUM_THREADS" in os.environ:  # a Ray worker: one thread per CPU Ray gave it, not one per core
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     if shard.kind == "external":
-        root = Path(shard.model_dir).parent.parent  # shards carry absolute paths: Ray workers may run elsewhere
-        rows = answer_with_external_planner(str(root / PLANNER), str(root / SOLVER), part, params)
+        planner, solver = model_dirs(shard)
+        rows = answer_with_external_planner(str(planner), str(solver), part, params)
     elif shard.kind == "vanilla":
         rows = answer_plainly(shard.model_dir, part, params)
     else:
@@ -168,6 +179,10 @@ def run_shards(shards: list[Shard], records: list[dict], params: Params,
                done_dir: str | Path | None = None) -> list[list[dict]]:
     """Every shard's rows, in shard order, computed on the task runner ``params.evaluate`` configures (shards
     already in ``done_dir`` are read back)."""
+    absent = sorted({str(d) for s in shards for d in model_dirs(s) if not d.is_dir()})
+    if absent:  # said before Ray starts and each shard fails three times (under vLLM, with vLLM's own traceback)
+        raise ModelLoadError(f"no model directory {', '.join(absent)}: run the stage that writes it (dvc repro), or "
+                             "fix evaluate.models / evaluate.policies")
     done = str(Path(done_dir).resolve()) if done_dir else None
     cfg = params.evaluate
     gpus = 1 if torch.cuda.is_available() else 0

@@ -42,6 +42,7 @@ RESPONSES = Path("reports/evaluate/responses.jsonl")
 PLOT_PNG = Path("reports/evaluate/accuracy_by_difficulty.png")
 CHECKPOINTS = Path("checkpoints/evaluate")  # finished shards of a killed evaluation
 RESUME_SECTIONS = ("sandbox", "evaluate", "generation")  # the params a resumed run must share
+OWN_WAY_FORMATS = {"external", "vanilla"}  # the one format of a system that answers its own way (plan_shards)
 
 
 def resolve_formats(formats) -> list[str]:
@@ -55,10 +56,27 @@ def resolve_formats(formats) -> list[str]:
     return list(formats)
 
 
-def own_choice(summary: dict) -> dict:
+def own_choice(summary: dict) -> dict | None:
     """A system's own accuracy, as the report's table gives it: its own-choice figures where it was also scored on
-    static trajectories (their mean over every format is another system's), else the summary itself."""
-    return summary["by_format"].get(OWN_CHOICE, summary)
+    static trajectories (their mean over every format is another system's), the summary itself for a system that
+    answers its own way (external planner, vanilla SFT), and None for a model scored on static trajectories alone
+    (``evaluate.formats`` without own_choice): their figures are no choice of its own."""
+    by_format = summary["by_format"]
+    if OWN_CHOICE in by_format:
+        return by_format[OWN_CHOICE]
+    return summary if set(by_format) <= OWN_WAY_FORMATS else None
+
+
+def panel_title(name: str, summary: dict) -> str:
+    """A plot panel's heading: the system's own-choice accuracy, and the mean over its formats where it has several
+    (or its one static format's, named, where it has no own choice)."""
+    own, n_formats = own_choice(summary), len(summary["by_format"])
+    figures = [f"own choice {own['accuracy']:.2f}"] if own else []
+    if n_formats > 1:
+        figures.append(f"mean over {n_formats} formats {summary['accuracy']:.2f}")
+    elif own is None:
+        figures.append(f"{next(iter(summary['by_format']))} {summary['accuracy']:.2f}")
+    return f"{name}: {', '.join(figures)}"
 
 
 def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
@@ -70,9 +88,7 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
             bold = fmt == OWN_CHOICE
             ax.plot([int(x) for x in d], [fs["by_difficulty"][x] for x in d], marker="o" if bold else None,
                     lw=2.5 if bold else 1, alpha=1 if bold else 0.6, label=fmt, color="k" if bold else None)
-        title = f"{name}: own choice {own_choice(s)['accuracy']:.2f}" + (
-            f", mean over {len(s['by_format'])} formats {s['accuracy']:.2f}" if len(s["by_format"]) > 1 else "")
-        ax.set(title=title, xlabel="difficulty (operations)",
+        ax.set(title=panel_title(name, s), xlabel="difficulty (operations)",
                ylabel="test accuracy", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
     max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7, loc="upper right", ncol=2)  # the most lines
@@ -123,18 +139,21 @@ def main() -> None:
             all_rows += rows
             summaries[name] = summary
             own = own_choice(summary)
-            mlflow.log_metrics({f"{name}.accuracy": own["accuracy"],
-                                f"{name}.mean_response_tokens": summary["mean_response_tokens"],
-                                **{f"{name}.d{d}.accuracy": a for d, a in own["by_difficulty"].items()},
+            mlflow.log_metrics({f"{name}.mean_response_tokens": summary["mean_response_tokens"],
+                                **({f"{name}.accuracy": own["accuracy"],
+                                    **{f"{name}.d{d}.accuracy": a for d, a in own["by_difficulty"].items()}}
+                                   if own else {}),
                                 **({f"{name}.mean_over_formats.accuracy": summary["accuracy"]}
                                    if len(summary["by_format"]) > 1 else {}),
                                 # MLflow metric names cannot hold '+': rewrite+cot -> rewrite-cot
                                 **{f"{name}.{fmt.replace('+', '-')}.accuracy": fs["accuracy"]
                                    for fmt, fs in summary["by_format"].items()}})
             print(f"evaluate: {name}: accuracy {own['accuracy']:.3f} (own choice; over all {len(rows)} responses "
-                  f"{summary['accuracy']:.3f}); by difficulty {own['by_difficulty']}")
+                  f"{summary['accuracy']:.3f}); by difficulty {own['by_difficulty']}" if own else
+                  f"evaluate: {name}: no own choice scored; accuracy over all {len(rows)} responses "
+                  f"{summary['accuracy']:.3f}; by difficulty {summary['by_difficulty']}")
         first = summaries[cfg.models[0]]
-        own = own_choice(first)["by_difficulty"]
+        own = (own_choice(first) or {"by_difficulty": {}})["by_difficulty"]  # the accuracy column: own choice alone
         csv = "difficulty,accuracy,mean_over_formats\n" + "".join(
             f"{d},{own.get(d, '')},{a}\n" for d, a in first["by_difficulty"].items())
         atomic_write_text(PLOT_CSV, csv)

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from posttrain.evaluation import summarize
 from posttrain.params import ParamsError
+from posttrain.trajectories import TRAJECTORIES
 
 
 def test_an_unknown_stage_name_is_an_error_naming_it_and_the_stages(monkeypatch):
@@ -627,3 +629,67 @@ def test_a_second_pipeline_run_stops_at_once_and_leaves_the_first_ones_params(tm
     monkeypatch.setattr(flows.pipeline, "run_stage", run_stage)
     flows.pipeline.pipeline.fn(["prepare", "base_model"])
     assert isinstance(second[0], UserError) and "another pipeline run" in str(second[0])
+
+
+
+# --- a system's own choice and its summary, in evaluate and the report ------------------------------------
+
+def scored_rows(fmt: str, correct: list[bool]) -> list[dict]:
+    return [{"id": str(i), "difficulty": 1 + i % 2, "format": fmt, "trajectory": "cot", "correct": c}
+            for i, c in enumerate(correct)]
+
+
+def test_a_policy_scored_on_every_format_shows_its_own_choice_in_the_stage_table():
+    from stages.report import accuracy_by_stage
+
+    # evaluate.models: [warmup, rlhf] (a valid config): rlhf is scored on every format, as the warm-up is
+    rlhf = summarize(scored_rows("own_choice", [True] * 4) + scored_rows("cot", [False] * 4)
+                     + scored_rows("pot", [False] * 4), [1] * 12)
+    external = summarize(scored_rows("external", [True, False]), [1, 1])
+    table = accuracy_by_stage({"rlhf": rlhf, "dots_external": external}, None, None)
+    # was 0.333 for routed RLHF: the mean over its three formats, in the table of own-choice accuracy
+    assert table.set_index("stage")["accuracy"].to_dict() == {"DOTS external planner": 0.5, "routed RLHF": 1.0}
+    static_only = summarize(scored_rows("cot", [True, False]), [1, 1])
+    fallback = {"rlhf_test": {"accuracy": 0.25, "by_difficulty": {"1": 0.25}}}
+    # scored on static trajectories alone: the stage's own test figure, not the static one's
+    assert accuracy_by_stage({"rlhf": static_only}, fallback, None)["accuracy"].tolist() == [0.25]
+
+
+def test_a_model_scored_on_static_trajectories_alone_has_no_own_choice_to_show(tmp_path, monkeypatch):
+    import stages.evaluate as evaluate
+
+    cot = summarize(scored_rows("cot", [True, True, True, False]), [1] * 4)
+    both = summarize(scored_rows("cot", [True] * 4) + scored_rows("pot", [False] * 4), [1] * 8)
+    assert evaluate.own_choice(cot) is None and evaluate.own_choice(both) is None  # was the cot / the mean figures
+    assert evaluate.own_choice(summarize(scored_rows("vanilla", [True, False]), [1, 1]))["accuracy"] == 0.5
+    figures = []
+    monkeypatch.setattr(evaluate.plt, "close", figures.append)
+    evaluate.plot_accuracy({"warmup": cot, "sft": both}, tmp_path / "acc.png")
+    # was 'warmup: own choice 0.75' and 'sft: own choice 0.50, mean over 2 formats 0.50'
+    assert [ax.get_title() for ax in figures[0].axes] == ["warmup: cot 0.75", "sft: mean over 2 formats 0.50"]
+
+
+def test_mean_actions_count_the_trajectories_the_system_chose_not_the_static_ones():
+    # the warm-up scored on every format chose cot (1 action) on its own: the 12 static rows name theirs in the prompt
+    rows = [{"id": "q", "difficulty": 1, "format": "own_choice", "trajectory": "cot", "correct": True}]
+    rows += [{"id": "q", "difficulty": 1, "format": t.name, "trajectory": t.name, "correct": False} for t in TRAJECTORIES]
+    rows += [{"id": "r", "difficulty": 2, "format": "external", "trajectory": "rewrite+pot+verify", "correct": True},
+             {"id": "s", "difficulty": 2, "format": "vanilla", "trajectory": None, "correct": True}]
+    summary = summarize(rows, [1] * len(rows))
+    assert summary["mean_actions_by_difficulty"] == {"1": 1.0, "2": 3.0}  # d1 was 2.077: the static formats' mean
+    assert summary["by_difficulty"] == {"1": round(1 / 13, 4), "2": 1.0}  # accuracy still over every row
+
+
+def test_a_report_missing_a_stages_metrics_says_which_sections_are_left_out(tmp_path, monkeypatch):
+    import stages.report as report
+
+    (tmp_path / "reports/metrics").mkdir(parents=True)
+    own = {"accuracy": 0.5, "by_difficulty": {"1": 0.5}}
+    (tmp_path / "reports/metrics/evaluate.json").write_text(json.dumps({"rlvr": {**own, "by_format": {"own_choice": own}}}))
+    monkeypatch.chdir(tmp_path)
+    report.write_report()
+    page = (tmp_path / "reports/README.md").read_text()
+    assert "RLVR (AR3PO)" in page  # the sections it has are there
+    (line,) = [line for line in page.splitlines() if line.startswith("Not in this page")]  # was silent
+    assert "train_rm.json" in line and "rlhf_routed.json" in line and "rlvr_ar3po.json" in line
+    assert "evaluate.json" not in line

@@ -1,5 +1,6 @@
 """Sharded evaluation: shards are fixed by the data, Ray workers give the same rows as one in-process worker,
 and a failed shard is retried."""
+import json
 from pathlib import Path
 
 import pytest
@@ -74,5 +75,28 @@ def test_finished_shards_are_read_back_after_a_kill(tiny, monkeypatch, tmp_path)
         return real(shard, part, p)
 
     monkeypatch.setattr(sharded_evaluation, "_score_shard", counting)
-    assert run_shards(shards, tiny.records, params, tmp_path / "done") == first
+    resumed = run_shards(shards, tiny.records, params, tmp_path / "done")
+    assert resumed == first
     assert scored == [shards[0].name, shards[1].name]
+    # responses.jsonl is the rows dumped in order: a resumed run writes the bytes of an uninterrupted one (read-back
+    # rows came with their keys sorted)
+    assert json.dumps(resumed) == json.dumps(first)
+
+
+def test_a_missing_model_is_one_line_before_any_shard_runs(tiny, monkeypatch, tmp_path):
+    """A model that is not there (evaluate.models may name any directory under models/) was found by each shard in
+    turn, three attempts each after Ray started, and under vLLM came out as vLLM's traceback."""
+    from posttrain.errors import UserError
+
+    params = load_params(SMOKE)
+    params = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"workers": 0})})
+    scored = []
+    monkeypatch.setattr(sharded_evaluation, "_score_shard", lambda shard, part, p: scored.append(shard) or [])
+    shards = plan_shards({"tiny": ("model", ("cot",)), "gone": ("model", ("cot",)), "dots_external": ("external", ())},
+                         len(tiny.records), 5, {"tiny": tiny.path, "gone": str(tmp_path / "models/gone"),
+                                                "dots_external": str(tmp_path / "models/planner")})
+    with pytest.raises(UserError) as error:
+        run_shards(shards, tiny.records, params)
+    assert str(error.value).startswith(f"no model directory {tmp_path / 'models/gone'}, {tmp_path / 'models/planner'}, "
+                                       f"{tmp_path / 'models/warmup'}: ") and "\n" not in str(error.value)
+    assert scored == []
