@@ -83,10 +83,12 @@ def untrained_accuracy(repo: Path, n: int) -> dict:
     """The base (untrained) model evaluated like the warm-up model, on the first n test questions."""
     code = (
         "import json, sys; from posttrain.params import load_params\n"
-        "from stages.evaluate import evaluate_model, resolve_formats\n"
+        "from posttrain.evaluation import summarize\n"
+        "from posttrain.sharded_evaluation import answer_in_formats\n"
+        "from stages.evaluate import resolve_formats\n"
         "p = load_params(); recs = [json.loads(l) for l in open('data/prepared/test.jsonl')][:int(sys.argv[1])]\n"
-        "rows, s = evaluate_model('models/base', recs, resolve_formats('all'), p.evaluate, p.sandbox, p.seed)\n"
-        "print(json.dumps(s))\n"
+        "rows = answer_in_formats('models/base', recs, resolve_formats('all'), p)\n"
+        "print(json.dumps(summarize(rows, [r['n_tokens'] for r in rows])))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(n)], cwd=repo, capture_output=True, text=True)
     if proc.returncode:

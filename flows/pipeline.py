@@ -29,6 +29,7 @@ import mlflow  # noqa: E402
 import networkx as nx  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
+from posttrain.evaluation import own_choice  # noqa: E402
 from posttrain.params import ParamsError, load_params, with_overrides  # noqa: E402
 from posttrain.tracking import (PARENT_ENV, close_interrupted_runs, configure, git_state,  # noqa: E402
                                 process_tags)
@@ -102,9 +103,10 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
             # on disk measured other data or models
             metrics = json.loads(METRICS.read_text()) if "evaluate" in order and METRICS.exists() else {}
             for model, summary in metrics.items():
-                # its own choice, as the report gives it; a warm-up's mean over its 13 formats is another system
-                own = summary.get("by_format", {}).get("own_choice", summary)
-                mlflow.log_metric(f"{model}.accuracy", own["accuracy"])
+                # its own choice, as the report gives it; a warm-up's mean over its 13 formats is another system, and
+                # a model told its trajectory each time has no accuracy of its own to log
+                if (own := own_choice(summary)) is not None:
+                    mlflow.log_metric(f"{model}.accuracy", own["accuracy"])
     return {"stages": results, "metrics": metrics}
 
 
@@ -113,12 +115,15 @@ def accuracy_lines(metrics: dict) -> list[str]:
     scored on several formats their mean beside it."""
     lines = []
     for model, summary in metrics.items():
-        formats = summary.get("by_format", {})
-        if "own_choice" in formats and len(formats) > 1:
-            lines.append(f"{model}: test accuracy {formats['own_choice']['accuracy']:.3f} (own choice; mean over its "
+        formats, own = summary.get("by_format") or {}, own_choice(summary)
+        if own is None:  # told its trajectory each time: no figure is its own
+            lines.append(f"{model}: no own-choice accuracy; mean over its {len(formats)} static formats "
+                         f"{summary['accuracy']:.3f}")
+        elif len(formats) > 1:
+            lines.append(f"{model}: test accuracy {own['accuracy']:.3f} (own choice; mean over its "
                          f"{len(formats)} formats {summary['accuracy']:.3f})")
         else:
-            lines.append(f"{model}: test accuracy {summary['accuracy']:.3f}")
+            lines.append(f"{model}: test accuracy {own['accuracy']:.3f}")
     return lines
 
 

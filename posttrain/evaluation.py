@@ -19,6 +19,7 @@ from posttrain.task.verifier import parse_integer, extract_answer
 from posttrain.trajectories import BY_NAME, split_choice
 
 OWN_CHOICE = "own_choice"
+OWN_WAY_FORMATS = {"external", "vanilla"}  # the one format of a system that answers its own way (no trajectory named)
 _CODE = re.compile(r"```(?:python)?\n(.*?)(?:```|$)", re.DOTALL)
 
 
@@ -99,3 +100,15 @@ def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
         "by_difficulty": {str(d): acc(v) for d, v in sorted(by_diff.items())},
         "by_format": formats,
     }
+
+
+def own_choice(summary: dict) -> dict | None:
+    """A system's own accuracy from its ``summarize`` figures, as evaluate, the report and the pipeline run give it:
+    its own-choice figures where it was also scored on static trajectories (their mean over every format is another
+    system's), the summary itself for a system that answers its own way (external planner, vanilla SFT) or one given
+    without formats, and None for a model scored on static trajectories alone (``evaluate.formats`` without
+    own_choice): their figures are no choice of its own."""
+    by_format = summary.get("by_format") or {}
+    if OWN_CHOICE in by_format:
+        return by_format[OWN_CHOICE]
+    return summary if set(by_format) <= OWN_WAY_FORMATS else None

@@ -25,7 +25,7 @@ import mlflow
 from posttrain.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from posttrain.checkpoints import claim_checkpoint_dir, result_params
 from posttrain.errors import stage_main
-from posttrain.evaluation import OWN_CHOICE, summarize
+from posttrain.evaluation import OWN_CHOICE, own_choice, summarize
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.params_schema import EvaluateParams
@@ -42,7 +42,6 @@ RESPONSES = Path("reports/evaluate/responses.jsonl")
 PLOT_PNG = Path("reports/evaluate/accuracy_by_difficulty.png")
 CHECKPOINTS = Path("checkpoints/evaluate")  # finished shards of a killed evaluation
 RESUME_SECTIONS = ("sandbox", "evaluate", "generation")  # the params a resumed run must share
-OWN_WAY_FORMATS = {"external", "vanilla"}  # the one format of a system that answers its own way (plan_shards)
 
 
 def resolve_formats(formats) -> list[str]:
@@ -54,17 +53,6 @@ def resolve_formats(formats) -> list[str]:
         if name != OWN_CHOICE and name not in BY_NAME:
             raise DataError(f"evaluate.formats: {name!r} is not a trajectory; expected one of {sorted(BY_NAME)}")
     return list(formats)
-
-
-def own_choice(summary: dict) -> dict | None:
-    """A system's own accuracy, as the report's table gives it: its own-choice figures where it was also scored on
-    static trajectories (their mean over every format is another system's), the summary itself for a system that
-    answers its own way (external planner, vanilla SFT), and None for a model scored on static trajectories alone
-    (``evaluate.formats`` without own_choice): their figures are no choice of its own."""
-    by_format = summary["by_format"]
-    if OWN_CHOICE in by_format:
-        return by_format[OWN_CHOICE]
-    return summary if set(by_format) <= OWN_WAY_FORMATS else None
 
 
 def panel_title(name: str, summary: dict) -> str:

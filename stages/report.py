@@ -22,6 +22,7 @@ from posttrain.atomic import atomic_dir, atomic_write_text  # noqa: E402
 from posttrain.curves import CURVE_DIR  # noqa: E402
 from posttrain.curves import read_curve  # noqa: E402
 from posttrain.errors import stage_main  # noqa: E402
+from posttrain.evaluation import own_choice  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
 
@@ -30,7 +31,6 @@ METRICS, OUT = REPORTS / "metrics", REPORTS / "report"
 README = REPORTS / "README.md"
 STAGES = [("warmup", "warm-up (own choice)"), ("sft_vanilla", "vanilla SFT"), ("dots_internal", "DOTS internalized (sft)"),
           ("dots_external", "DOTS external planner"), ("rlhf", "routed RLHF"), ("rlvr", "RLVR (AR3PO)")]
-OWN_WAY = {"sft_vanilla", "dots_external"}  # no trajectory in their prompt: their one format is their own choice
 # the training curves, one panel each: (title, column, {series label: curve file under reports/curves/})
 CURVES = [("warm-up loss", "loss", {"": "warmup.csv"}),
           ("SFT loss", "loss", {planner: f"sft_{planner}.csv" for planner in ("internal", "external", "vanilla")}),
@@ -51,11 +51,9 @@ def accuracy_by_stage(evaluate: dict, rlhf: dict | None, rlvr: dict | None) -> p
     """One row per stage: own-choice test accuracy overall and per difficulty."""
     rows = []
     for key, label in STAGES:
-        summary = evaluate.get(key)
         # its own choice only: the mean over static formats is another system (evaluate.models may hold any model;
         # a policy in it is scored on every format, as the warm-up is)
-        if summary and key not in OWN_WAY:
-            summary = summary["by_format"].get("own_choice")
+        summary = own_choice(evaluate[key]) if key in evaluate else None
         if summary is None and key == "rlhf" and rlhf:
             summary = rlhf["rlhf_test"]
         if summary is None and key == "rlvr" and rlvr:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from posttrain.evaluation import summarize
+from posttrain.evaluation import own_choice, summarize
 from posttrain.params import ParamsError
 from posttrain.trajectories import TRAJECTORIES
 
@@ -239,6 +239,9 @@ def test_the_run_summary_gives_each_models_own_choice_accuracy():
     assert accuracy_lines({"warmup": warmup, "rlvr": {"accuracy": 0.662, "by_format": {"own_choice": {
         "accuracy": 0.662}}}}) == ["warmup: test accuracy 0.429 (own choice; mean over its 2 formats 0.401)",
                                    "rlvr: test accuracy 0.662"]
+    # told its trajectory each time (evaluate.formats without own_choice): was "test accuracy 0.500", the mean
+    static = {"accuracy": 0.5, "by_format": {"cot": {"accuracy": 0.75}, "pot": {"accuracy": 0.25}}}
+    assert accuracy_lines({"warmup": static}) == ["warmup: no own-choice accuracy; mean over its 2 static formats 0.500"]
 
 
 def test_the_report_draws_the_training_curves_from_the_curve_files_without_mlflow(tmp_path, monkeypatch):
@@ -660,8 +663,8 @@ def test_a_model_scored_on_static_trajectories_alone_has_no_own_choice_to_show(t
 
     cot = summarize(scored_rows("cot", [True, True, True, False]), [1] * 4)
     both = summarize(scored_rows("cot", [True] * 4) + scored_rows("pot", [False] * 4), [1] * 8)
-    assert evaluate.own_choice(cot) is None and evaluate.own_choice(both) is None  # was the cot / the mean figures
-    assert evaluate.own_choice(summarize(scored_rows("vanilla", [True, False]), [1, 1]))["accuracy"] == 0.5
+    assert own_choice(cot) is None and own_choice(both) is None  # was the cot / the mean figures
+    assert own_choice(summarize(scored_rows("vanilla", [True, False]), [1, 1]))["accuracy"] == 0.5
     figures = []
     monkeypatch.setattr(evaluate.plt, "close", figures.append)
     evaluate.plot_accuracy({"warmup": cot, "sft": both}, tmp_path / "acc.png")
