@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import shutil
 import warnings
 import zipfile
@@ -44,12 +45,20 @@ def result_params(params, sections: tuple[str, ...]) -> dict:
     return {name: getattr(params, name).model_dump(exclude=RUN_ONLY_FIELDS.get(name, set())) for name in sections}
 
 
+CODE_ROOT = Path(__file__).resolve().parents[1]  # where posttrain/ and stages/ lie
+
+
+def project_code() -> list[Path]:
+    """The project's Python files (posttrain/ and, in a checkout, stages/), in a fixed order."""
+    return sorted(CODE_ROOT.glob("posttrain/**/*.py")) + sorted(CODE_ROOT.glob("stages/*.py"))
+
+
 def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files: list[Path]) -> Path:
     """``root/<key>``: a directory unique to this config and these inputs, so a resumed run never picks up
     checkpoints made from other params, inputs or code. In a stage run the key covers DVC's md5s of the stage's
     deps (the ``dvc.dep.*`` tags ``stage_run`` put on the stage's MLflow run, also read inside a ``part_run``; code
     included, no file is read again) and the bytes of any of ``key_files`` outside those deps; elsewhere the bytes
-    of every one of ``key_files`` (a directory: every file).
+    of every one of ``key_files`` (a directory: every file) and of the project's code (``project_code``).
 
     Checkpoints outlive a successful run: a kill after the stage finished but before DVC recorded its outputs
     (DVC hashes and caches them after the stage exits) then resumes at the end instead of starting over.
@@ -73,6 +82,10 @@ def claim_checkpoint_dir(root: Path, cfg: BaseModel | dict, seed: int, key_files
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file():
                 h.update(f.read_bytes())
+    if not deps:  # no DVC hashes, so no code in the key: the project's own code stands in for it, or a run resumed
+        # after an edit (to the verifier, a loss) would pick up what the old code trained or scored
+        for f in project_code():
+            h.update(f.read_bytes())
     key_dir = Path(root) / h.hexdigest()[:16]
     if tags.get(HASHES_MISSING_TAG) == "true":
         warnings.warn(f"{root}: no DVC hashes of the stage's deps; keying checkpoints on file bytes ({key_dir.name})"
@@ -164,6 +177,7 @@ def last_complete_checkpoint(root: Path, marker: str = TRAINER_STATE_NAME) -> st
     >>> last_complete_checkpoint(Path("checkpoints/does-not-exist")) is None
     True
     """
+    # the Trainer's names only: a copy such as checkpoint-backup-20 is no step (it crashed the step's int())
     done = [p for p in Path(root).glob("checkpoint-*")
-            if p.name.split("-")[-1].isdigit() and is_complete(p, marker)]
-    return str(max(done, key=lambda p: int(p.name.split("-")[1]))) if done else None
+            if re.fullmatch(r"checkpoint-\d+", p.name) and is_complete(p, marker)]
+    return str(max(done, key=lambda p: int(p.name.removeprefix("checkpoint-")))) if done else None

@@ -28,6 +28,15 @@ def test_a_checkpoint_without_its_trainer_state_is_skipped(tmp_path):
     assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-30")
 
 
+def test_a_copy_named_like_a_checkpoint_is_no_step(tmp_path):
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    for name in ("checkpoint-5", "checkpoint-backup-20", "checkpoint-7-old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / TRAINER_STATE_NAME).write_text("{}")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-5")  # was int('backup'): ValueError
+
+
 def test_no_checkpoint_means_a_fresh_start(tmp_path):
     assert last_complete_checkpoint(tmp_path / "missing") is None
     (tmp_path / "checkpoint-5").mkdir()
@@ -80,6 +89,27 @@ def test_checkpoint_dir_keys_on_inputs_and_removes_the_stale_ones(tmp_path):
     second = claim_checkpoint_dir(root, Cfg(lr=0.1), 0, [data])
     assert second != first and not first.exists()
     assert claim_checkpoint_dir(root, {"lr": 0.2}, 0, [data]) not in (first, second)
+
+
+def test_without_dvc_hashes_an_edit_to_the_projects_code_starts_afresh(tmp_path, monkeypatch):
+    """Outside a stage run (or where DVC could not hash the deps) the key held params and key files only: a run
+    resumed after an edit to the verifier picked up the old verifier's checkpoints."""
+    import posttrain.checkpoints as checkpoints
+
+    code = tmp_path / "code"
+    (code / "posttrain/task").mkdir(parents=True)
+    (code / "stages").mkdir()
+    verifier = code / "posttrain/task/verifier.py"
+    verifier.write_text("ANSWER = 'last line'\n")
+    (code / "stages/sft.py").write_text("")
+    monkeypatch.setattr(checkpoints, "CODE_ROOT", code)
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    before = checkpoints.claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data])
+    assert checkpoints.claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) == before
+    verifier.write_text("ANSWER = 'boxed'\n")
+    assert checkpoints.claim_checkpoint_dir(tmp_path / "ckpt", {"lr": 0.1}, 0, [data]) != before
+    assert verifier in checkpoints.project_code() and len(checkpoints.project_code()) == 2
 
 
 def test_a_resume_under_another_number_of_processes_starts_afresh(tmp_path, monkeypatch):
