@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from posttrain.sandbox import SandboxLimits, run_programs
 from posttrain.task.verifier import parse_integer, extract_answer
@@ -46,6 +46,8 @@ def score_responses(
             chosen, body = BY_NAME[fmt], text
         row = {"id": rec["id"], "difficulty": rec["difficulty"], "format": fmt,
                "trajectory": chosen.name if chosen else None, "response": text, "reference": rec["answer"]}
+        if rec.get("kind") is not None:  # the question's kind (synthetic task; optional in a user's data)
+            row["kind"] = rec["kind"]
         if chosen is not None and chosen.solution == "pot":
             code = program_of(body)
             row["predicted"], row["reason"] = None, "no program" if code is None else "pending"
@@ -67,14 +69,24 @@ def score_responses(
 
 
 def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
-    """Accuracy overall / per difficulty / per format, and mean response tokens.
+    """Accuracy overall / per difficulty / per format, and mean response tokens; per question kind too where the
+    rows carry one.
 
     Returns ``{"accuracy": float, "mean_response_tokens": float, "by_format": {fmt: {"accuracy",
-    "by_difficulty": {d: acc}}}, "by_difficulty": {d: acc}, "mean_actions_by_difficulty": {d: mean}}`` (actions of
-    the trajectories the system chose, not those a static format named).
+    "by_difficulty": {d: acc}[, "by_kind": {k: acc}]}}, "by_difficulty": {d: acc}, "mean_actions_by_difficulty":
+    {d: mean}[, "by_kind": {k: acc}, "questions_by_kind": {k: n}]}`` (actions of the trajectories the system chose,
+    not those a static format named).
     """
     def acc(rs: list[dict]) -> float:
         return round(sum(r["correct"] for r in rs) / len(rs), 4) if rs else 0.0
+
+    def by_kind(rs: list[dict]) -> dict:
+        # the test split's kinds need not follow train's (prepare.stratify_kinds), so each kind's figure is shown
+        kinds: dict[str, list[dict]] = defaultdict(list)
+        for r in rs:
+            if "kind" in r:
+                kinds[r["kind"]].append(r)
+        return {"by_kind": {k: acc(v) for k, v in sorted(kinds.items())}} if kinds else {}
 
     by_fmt: dict[str, list[dict]] = defaultdict(list)
     by_diff: dict[int, list[dict]] = defaultdict(list)
@@ -86,7 +98,8 @@ def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
         per_d: dict[int, list[dict]] = defaultdict(list)
         for r in rs:
             per_d[r["difficulty"]].append(r)
-        formats[fmt] = {"accuracy": acc(rs), "by_difficulty": {str(d): acc(v) for d, v in sorted(per_d.items())}}
+        formats[fmt] = {"accuracy": acc(rs), "by_difficulty": {str(d): acc(v) for d, v in sorted(per_d.items())},
+                        **by_kind(rs)}
     actions: dict[int, list[int]] = defaultdict(list)
     for r in rows:
         # the trajectories the system chose (own choice, the external planner's): a static format's is the prompt's,
@@ -99,6 +112,9 @@ def summarize(rows: list[dict], n_tokens: list[int]) -> dict:
         "mean_response_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 2),
         "by_difficulty": {str(d): acc(v) for d, v in sorted(by_diff.items())},
         "by_format": formats,
+        **by_kind(rows),
+        **({"questions_by_kind": dict(sorted(Counter(kind for kind in ids.values()).items()))}
+           if (ids := {r["id"]: r["kind"] for r in rows if "kind" in r}) else {}),
     }
 
 

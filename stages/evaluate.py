@@ -1,4 +1,4 @@
-"""Stage `evaluate`: test-split accuracy of each model, per difficulty and per trajectory format.
+"""Stage `evaluate`: test-split accuracy of each model, per difficulty, per trajectory format and per question kind.
 
 For every model in ``evaluate.models`` (directories under models/) and every format (each of the 12
 trajectories named in the prompt, and ``own_choice``, where the model names its trajectory), the
@@ -129,7 +129,8 @@ def main() -> None:
             own = own_choice(summary)
             mlflow.log_metrics({f"{name}.mean_response_tokens": summary["mean_response_tokens"],
                                 **({f"{name}.accuracy": own["accuracy"],
-                                    **{f"{name}.d{d}.accuracy": a for d, a in own["by_difficulty"].items()}}
+                                    **{f"{name}.d{d}.accuracy": a for d, a in own["by_difficulty"].items()},
+                                    **{f"{name}.kind_{k}.accuracy": a for k, a in own.get("by_kind", {}).items()}}
                                    if own else {}),
                                 **({f"{name}.mean_over_formats.accuracy": summary["accuracy"]}
                                    if len(summary["by_format"]) > 1 else {}),
@@ -137,7 +138,8 @@ def main() -> None:
                                 **{f"{name}.{fmt.replace('+', '-')}.accuracy": fs["accuracy"]
                                    for fmt, fs in summary["by_format"].items()}})
             print(f"evaluate: {name}: accuracy {own['accuracy']:.3f} (own choice; over all {len(rows)} responses "
-                  f"{summary['accuracy']:.3f}); by difficulty {own['by_difficulty']}" if own else
+                  f"{summary['accuracy']:.3f}); by difficulty {own['by_difficulty']}"
+                  + (f"; by kind {own['by_kind']}" if "by_kind" in own else "") if own else
                   f"evaluate: {name}: no own choice scored; accuracy over all {len(rows)} responses "
                   f"{summary['accuracy']:.3f}; by difficulty {summary['by_difficulty']}")
         first = summaries[cfg.models[0]]

@@ -64,6 +64,21 @@ def accuracy_by_stage(evaluate: dict, rlhf: dict | None, rlvr: dict | None) -> p
     return pd.DataFrame(rows)
 
 
+def accuracy_by_kind(evaluate: dict) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(table, test questions per kind): each stage's own-choice accuracy per question kind, then the warm-up solver
+    on each static trajectory; empty where the test rows carry no kind (a user's data without one)."""
+    rows, counts = [], {}
+    for key, label in STAGES:
+        own = own_choice(evaluate[key]) if key in evaluate else None
+        if own and own.get("by_kind"):
+            rows.append({"system": label, **own["by_kind"]})
+            counts = counts or evaluate[key].get("questions_by_kind", {})
+    for fmt, fs in evaluate.get("warmup", {}).get("by_format", {}).items():
+        if fmt != "own_choice" and fs.get("by_kind"):
+            rows.append({"system": f"warm-up, static {fmt}", **fs["by_kind"]})
+    return pd.DataFrame(rows), counts
+
+
 def dots_table(evaluate: dict) -> pd.DataFrame:
     """Every static trajectory of the warm-up solver beside the DOTS planners and vanilla SFT."""
     rows = [{"policy": f"static {fmt}", "accuracy": fs["accuracy"]}
@@ -155,6 +170,12 @@ def build_report(out: Path) -> str:
         parts += ["## Accuracy by stage\n", "Test split, greedy, the policy choosing its own trajectory "
                   "([CSV](report/accuracy_by_stage.csv)).\n", stages.to_markdown(index=False, floatfmt=".3f"),
                   "\n![accuracy by stage](report/accuracy_by_stage.png)\n"]
+    kinds, counts = accuracy_by_kind(evaluate)
+    if not kinds.empty:
+        kinds.to_csv(out / "accuracy_by_kind.csv", index=False)
+        parts += ["## Accuracy by question kind\n", "Test split, own choice (the warm-up solver also on each static "
+                  f"trajectory); test questions per kind: {', '.join(f'{k} {n}' for k, n in counts.items())} "
+                  "([CSV](report/accuracy_by_kind.csv)).\n", kinds.to_markdown(index=False, floatfmt=".3f") + "\n"]
     if evaluate.get("warmup"):
         dots = dots_table(evaluate)
         dots.to_csv(out / "dots.csv", index=False)

@@ -696,3 +696,32 @@ def test_a_report_missing_a_stages_metrics_says_which_sections_are_left_out(tmp_
     (line,) = [line for line in page.splitlines() if line.startswith("Not in this page")]  # was silent
     assert "train_rm.json" in line and "rlhf_routed.json" in line and "rlvr_ar3po.json" in line
     assert "evaluate.json" not in line
+
+
+def test_accuracy_by_question_kind_in_the_summary_and_the_report(tmp_path, monkeypatch):
+    """The test split's kinds need not follow train's (test held half train's share of repeat questions), so each
+    kind's accuracy is given: over every row, per format, and in the report per stage and per static trajectory."""
+    import stages.report as report
+
+    def row(i, fmt, kind, correct):
+        return {"id": f"q{i}", "difficulty": 1, "format": fmt, "trajectory": "pot", "kind": kind, "correct": correct}
+
+    rows = [row(0, "own_choice", "chain", True), row(1, "own_choice", "repeat", True),
+            row(2, "own_choice", "repeat", False),
+            row(0, "pot", "chain", True), row(1, "pot", "repeat", False), row(2, "pot", "repeat", False)]
+    summary = summarize(rows, [1] * 6)
+    assert summary["questions_by_kind"] == {"chain": 1, "repeat": 2}  # questions, not responses
+    assert summary["by_format"]["own_choice"]["by_kind"] == {"chain": 1.0, "repeat": 0.5}
+    assert summary["by_format"]["pot"]["by_kind"] == {"chain": 1.0, "repeat": 0.0}
+    assert summary["by_kind"] == {"chain": 1.0, "repeat": 0.25}
+    assert "by_kind" not in summarize([{k: v for k, v in r.items() if k != "kind"} for r in rows], [1] * 6)
+    table, counts = report.accuracy_by_kind({"warmup": summary})
+    assert counts == {"chain": 1, "repeat": 2}
+    assert table.to_dict("records") == [{"system": "warm-up (own choice)", "chain": 1.0, "repeat": 0.5},
+                                        {"system": "warm-up, static pot", "chain": 1.0, "repeat": 0.0}]
+    (tmp_path / "reports/metrics").mkdir(parents=True)
+    (tmp_path / "reports/metrics/evaluate.json").write_text(json.dumps({"warmup": summary}))
+    monkeypatch.chdir(tmp_path)
+    report.write_report()
+    page = (tmp_path / "reports/README.md").read_text()
+    assert "## Accuracy by question kind" in page and "test questions per kind: chain 1, repeat 2" in page
