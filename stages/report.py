@@ -54,10 +54,9 @@ def accuracy_by_stage(evaluate: dict, rlhf: dict | None, rlvr: dict | None) -> p
         # its own choice only: the mean over static formats is another system (evaluate.models may hold any model;
         # a policy in it is scored on every format, as the warm-up is)
         summary = own_choice(evaluate[key]) if key in evaluate else None
-        if summary is None and key == "rlhf" and rlhf:
-            summary = rlhf["rlhf_test"]
-        if summary is None and key == "rlvr" and rlvr:
-            summary = rlvr["rlvr_test"]
+        own_stage = {"rlhf": rlhf and rlhf["rlhf_test"], "rlvr": rlvr and rlvr["rlvr_test"]}.get(key)
+        if summary is None and own_stage:  # evaluate did not score it: the figure its stage measured (its own
+            summary, label = own_stage, f"{label} (its stage's test figure)"  # max_new_tokens), named as such
         if summary:
             rows.append({"stage": label, "accuracy": summary["accuracy"],
                          **{f"d{d}": a for d, a in sorted(summary["by_difficulty"].items(), key=lambda x: int(x[0]))}})

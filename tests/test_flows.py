@@ -655,7 +655,9 @@ def test_a_policy_scored_on_every_format_shows_its_own_choice_in_the_stage_table
     static_only = summarize(scored_rows("cot", [True, False]), [1, 1])
     fallback = {"rlhf_test": {"accuracy": 0.25, "by_difficulty": {"1": 0.25}}}
     # scored on static trajectories alone: the stage's own test figure, not the static one's
-    assert accuracy_by_stage({"rlhf": static_only}, fallback, None)["accuracy"].tolist() == [0.25]
+    table = accuracy_by_stage({"rlhf": static_only}, fallback, None)
+    # measured by its stage (its own max_new_tokens), not by evaluate, and named so
+    assert table.to_dict("records") == [{"stage": "routed RLHF (its stage's test figure)", "accuracy": 0.25, "d1": 0.25}]
 
 
 def test_a_model_scored_on_static_trajectories_alone_has_no_own_choice_to_show(tmp_path, monkeypatch):
