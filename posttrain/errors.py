@@ -12,7 +12,8 @@ class UserError(Exception):
 
 
 def stage_main(fn):
-    """Decorate a stage's ``main``: log to stderr, turn a UserError into ``error: ...`` and exit 2."""
+    """Decorate a stage's ``main``: log to stderr, turn a UserError into ``error: ...`` and exit 2, and Ctrl-C into
+    one line and exit 130 (a traceback from wherever torch was, before)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -22,5 +23,9 @@ def stage_main(fn):
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:
+            stage = fn.__module__.rpartition(".")[2]
+            print(f"{stage}: interrupted; `dvc repro` resumes it from its last checkpoint", file=sys.stderr)
+            sys.exit(130)
 
     return wrapper

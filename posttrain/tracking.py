@@ -179,8 +179,8 @@ def numerics_tags() -> dict[str, str]:
 
 def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
     """Mark FAILED the RUNNING runs of ``stage`` whose process on this host no longer exists, and their nested
-    ``part_run`` runs; the stage runs' ids, newest first. A run of another host, or whose process is alive (a
-    concurrent run), is left alone."""
+    ``part_run`` runs; the ids of those stage runs and of the runs stopped with Ctrl-C since (KILLED, not yet
+    resumed), newest first. A run of another host, or whose process is alive (a concurrent run), is left alone."""
     client = MlflowClient()
     runs = client.search_runs([experiment_id], f"tags.`posttrain.stage` = '{stage}' and attributes.status = 'RUNNING'",
                               order_by=["attributes.start_time DESC"])
@@ -193,7 +193,14 @@ def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:
             client.set_terminated(run.info.run_id, "FAILED")
             if PART_TAG not in run.data.tags:
                 closed.append(run.info.run_id)
-    return closed
+    # a run stopped with Ctrl-C closed itself (KILLED, interrupted); the next run of its stage resumes it once
+    stopped = client.search_runs([experiment_id], f"tags.`posttrain.stage` = '{stage}' and attributes.status = 'KILLED' "
+                                 "and tags.`posttrain.interrupted` = 'true'", order_by=["attributes.start_time DESC"])
+    for run in stopped:
+        if "posttrain.resumed" not in run.data.tags:
+            client.set_tag(run.info.run_id, "posttrain.resumed", "true")
+            closed.append(run.info.run_id)
+    return sorted(closed, key=lambda run_id: -client.get_run(run_id).info.start_time)
 
 
 @contextlib.contextmanager
@@ -209,7 +216,8 @@ def stage_run(stage: str, params: Params, sections: list[str]):
     interrupted = close_interrupted_runs(experiment_id, stage)
     if interrupted:
         tags["posttrain.resumed_from_run"] = interrupted[0]
-        print(f"{stage}: the run(s) {', '.join(interrupted)} were interrupted (killed); marked FAILED in MLflow")
+        print(f"{stage}: resuming after the run(s) {', '.join(interrupted)}, interrupted (killed ones marked FAILED in "
+              "MLflow)")
     if parent:
         tags["mlflow.parentRunId"] = parent
     if os.environ.get(SWEEP_ENV):
@@ -220,7 +228,12 @@ def stage_run(stage: str, params: Params, sections: list[str]):
             value = getattr(params, name)
             logged.update(flatten(value, f"{name}.") if hasattr(value, "model_dump") else {name: value})
         mlflow.log_params({k: str(without_credentials(v))[:6000] for k, v in logged.items()})
-        yield run
+        try:
+            yield run
+        except KeyboardInterrupt:  # Ctrl-C: closed as stopped, and the stage's next run links itself to this one
+            mlflow.set_tag("posttrain.interrupted", "true")
+            mlflow.end_run("KILLED")
+            raise
         mlflow.set_tags(dvc_hashes(stage, "out"))
 
 

@@ -162,3 +162,37 @@ def test_a_killed_run_whose_pid_this_process_now_has_is_closed(tmp_path, monkeyp
         resumed_id = run.info.run_id
     assert client.get_run(killed.info.run_id).info.status == "FAILED"
     assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == killed.info.run_id
+
+
+def test_a_stage_stopped_with_ctrl_c_is_closed_as_killed_and_linked_to_the_next_run_once(tmp_path, monkeypatch,
+                                                                                          restore_tracking_uri):
+    """Ctrl-C ended the run FAILED with nothing saying it was stopped, and the resumed run, logging the same steps
+    again, named no run before it (only a run left RUNNING by a killed process was linked)."""
+    monkeypatch.chdir(tmp_path)
+    params = smoke_params(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        with stage_run("warmup", params, sections=["seed"]) as run:
+            stopped_id = run.info.run_id
+            raise KeyboardInterrupt
+    client = MlflowClient(tracking_uri=params.tracking.uri)
+    stopped = client.get_run(stopped_id)
+    assert stopped.info.status == "KILLED" and stopped.data.tags["posttrain.interrupted"] == "true"
+    with stage_run("warmup", params, sections=["seed"]) as run:
+        resumed_id = run.info.run_id
+    assert client.get_run(resumed_id).data.tags["posttrain.resumed_from_run"] == stopped_id
+    with stage_run("warmup", params, sections=["seed"]) as run:  # a later run resumes nothing
+        assert "posttrain.resumed_from_run" not in client.get_run(run.info.run_id).data.tags
+
+
+def test_ctrl_c_in_a_stage_is_one_line_and_exit_130(capsys):
+    from posttrain.errors import stage_main
+
+    @stage_main
+    def main():
+        raise KeyboardInterrupt
+
+    main.__wrapped__.__module__ = "stages.warmup"
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "warmup: interrupted; `dvc repro` resumes it from its last checkpoint\n"
