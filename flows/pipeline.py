@@ -127,5 +127,7 @@ def accuracy_lines(metrics: dict) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    print("\n".join(accuracy_lines(pipeline(sys.argv[1:] or None)["metrics"])))
+if __name__ == "__main__":  # as `posttrain run`: a mistyped stage or a bad params.yaml is one line, Ctrl-C too
+    from posttrain.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from posttrain.errors import UserError
-from posttrain.orchestration import INTERRUPT_GRACE_SECONDS, CommandFailed, apply_prefect_settings
+from posttrain.orchestration import (INTERRUPT_GRACE_SECONDS, CommandFailed, apply_prefect_settings,
+                                     start_prefect_server)
 from posttrain.params import load_params
 
 PREPARED = Path("data/prepared")
@@ -114,6 +115,7 @@ def run_command(args: argparse.Namespace) -> int:
         # minute of starting Prefect's server
         load_params()
         check_stages(args.stages or None, stage_order())
+        start_prefect_server()
         result = pipeline(args.stages or None)
         for stage in result["stages"]:
             print(f"{stage['stage']}: {'ran' if stage['ran'] else 'unchanged'} ({stage['seconds']} s)")
@@ -124,6 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
         from flows.sweep import load_sweep, sweep as run_sweep
 
         load_sweep(args.file)  # a bad file is one error line here, not a failed flow run's traceback first
+        start_prefect_server()
         print(f"report: {run_sweep(args.file)['report']}")
         return 0
     if args.command == "judge":
@@ -146,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     except CommandFailed as e:  # a stage failed: its own output says why, a traceback of this process would not
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the running stage got the Ctrl-C too and stopped at its last checkpoint
+        print(f"interrupted: `posttrain {args.command}` stopped; run it again (or `python3 -m dvc repro`) to resume",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -38,6 +38,24 @@ def apply_prefect_settings(root: Path | str = ".") -> None:
         os.environ.setdefault(key, value)
 
 
+def start_prefect_server() -> None:
+    """Start Prefect's temporary API server now (unless ``PREFECT_API_URL`` names a standing one), with SIGINT blocked
+    in the process it spawns: a signal mask survives exec and uvicorn only sets handlers. A terminal's Ctrl-C reaches
+    every process of the foreground group, and the server it killed left the interrupted flow retrying its crash
+    report against a dead API for two and a half minutes, ending in a network traceback. Prefect's clients reuse
+    this one server (one per process) and stop it at exit with SIGTERM, which is not blocked."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a Ctrl-C meanwhile is delivered here, to this process
+
+
 INTERRUPT_GRACE_SECONDS = 30.0
 """How long an interrupted command gets to stop on SIGINT (DVC releases its lock, a stage stops between steps)
 before its process group is killed."""
