@@ -213,3 +213,27 @@ def test_a_killed_flow_process_takes_its_stage_down_with_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_prefects_temporary_server_outlives_the_terminals_ctrl_c(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground group: it killed the temporary API server, and the flow then
+    retried its crash report against it for 2.5 minutes. The server now starts with SIGINT blocked (and still stops
+    on Prefect's SIGTERM at exit)."""
+    probe = textwrap.dedent("""
+        import os, re, signal, time
+        from posttrain.orchestration import apply_prefect_settings, start_prefect_server
+        apply_prefect_settings(os.environ["PROBE_ROOT"])
+        from prefect.server.api.server import SubprocessASGIServer
+        start_prefect_server()
+        server = SubprocessASGIServer().server_process
+        blocked = int(re.search(r"SigBlk:\\s*([0-9a-f]+)", open(f"/proc/{server.pid}/status").read()).group(1), 16)
+        os.kill(server.pid, signal.SIGINT)
+        time.sleep(2)
+        print(bool(blocked & 1 << (signal.SIGINT - 1)), server.poll() is None,
+              bool(signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGINT}))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "PROBE_ROOT": str(tmp_path)}, capture_output=True,
+                         text=True, timeout=300)
+    # blocked in the server, the server alive after a SIGINT, and this process's own mask as it was
+    assert out.stdout.split() == ["True", "True", "False"], out.stdout + out.stderr[-3000:]
