@@ -68,9 +68,15 @@ def panel_title(name: str, summary: dict) -> str:
 
 
 def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
-    """Accuracy by difficulty: one panel per model, a thin line per trajectory, bold own choice."""
-    fig, axes = plt.subplots(1, len(summaries), figsize=(6 * len(summaries), 4.2), squeeze=False)
-    for ax, (name, s) in zip(axes[0], summaries.items()):
+    """Accuracy by difficulty: one panel per model (three to a row: six in one row were 3,960 px wide, unreadable at
+    page width), a thin line per trajectory, bold own choice."""
+    cols = min(3, len(summaries))
+    rows = -(-len(summaries) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    panels = list(axes.flat)
+    for ax in panels[len(summaries):]:
+        fig.delaxes(ax)
+    for ax, (name, s) in zip(panels, summaries.items()):
         for fmt, fs in s["by_format"].items():
             d = sorted(fs["by_difficulty"], key=int)
             bold = fmt == OWN_CHOICE
@@ -79,7 +85,7 @@ def plot_accuracy(summaries: dict[str, dict], path: Path) -> None:
         ax.set(title=panel_title(name, s), xlabel="difficulty (operations)",
                ylabel="test accuracy", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-    max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7, loc="upper right", ncol=2)  # the most lines
+    max(fig.axes, key=lambda ax: len(ax.get_lines())).legend(fontsize=7, loc="upper right", ncol=2)  # the most lines
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)

@@ -37,6 +37,7 @@ CURVES = [("warm-up loss", "loss", {"": "warmup.csv"}),
           ("reward model loss", "loss", {"pairwise PM": "train_rm_pm.csv", "pointwise RM": "train_rm_pointwise.csv"}),
           ("routed RLHF dev accuracy", "dev_accuracy", {"": "rlhf_routed.csv"}),
           ("RLVR reward (verifier mean)", "rollout_reward_mean", {"": "rlvr_ar3po.csv"})]
+BOUNDED = {"dev_accuracy", "rollout_reward_mean"}  # curve columns that are shares in [0, 1]
 # each metrics file and what the page loses without it
 SECTIONS = {"evaluate": "accuracy by stage, DOTS table", "train_rm": "reward model calibration",
             "rlhf_routed": "routing, routed RLHF's test figures", "rlvr_ar3po": "RLVR rollout cost"}
@@ -115,7 +116,8 @@ def plot_rollout_cost(rlvr: dict, path: Path) -> None:
     # test accuracy before (no responses generated yet) and after RL, on the same axis of rollout cost
     ax.plot([0, rlvr["rollout"]["responses"]], [rlvr["sft_test"]["accuracy"], rlvr["rlvr_test"]["accuracy"]],
             ls="--", marker="s", color="gray", label="test accuracy: SFT -> RLVR")
-    ax.set(xlabel="cumulative generated responses", ylabel="accuracy", title="RLVR: accuracy against rollout cost")
+    ax.set(xlabel="cumulative generated responses", ylabel="accuracy", title="RLVR: accuracy against rollout cost",
+           ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -130,6 +132,7 @@ def training_curves(path: Path) -> list[str]:
     for ax, (title, column, files) in zip(axes, CURVES):
         series = {label: read_curve(CURVE_DIR / name) for label, name in files.items()}
         series = {label: df.dropna(subset=[column]) for label, df in series.items() if column in df}
+        series = {label: df for label, df in series.items() if len(df)}  # a model that trained no step: no legend
         smooth = any(len(df) > 30 for df in series.values())  # one rule per panel: its series read alike
         for label, df in series.items():
             # long series: the logged points faint, a centred mean over 10 of them on top (a trailing one lags: at
@@ -142,9 +145,13 @@ def training_curves(path: Path) -> list[str]:
                 ax.plot(df["step"], df[column], lw=1.2, marker="o" if len(df) < 10 else None, label=label or None)
         if any(label for label in series):
             ax.legend(fontsize=7)
-        if any(len(df) for df in series.values()):
+        if series:
             drawn.append(title)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set(title=title, xlabel="step")
+        if column in BOUNDED:  # a share: on its whole range, as the accuracy-by-stage plot draws it
+            ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

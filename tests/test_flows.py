@@ -264,8 +264,12 @@ def test_the_report_draws_the_training_curves_from_the_curve_files_without_mlflo
     assert drawn == ["warm-up loss", "SFT loss", "routed RLHF dev accuracy", "RLVR reward (verifier mean)"]
     warmup, sft, rm, rlhf, rlvr = figures[0].axes
     assert warmup.lines[0].get_ydata().tolist() == [2.5, 1.25] and not rm.lines
-    assert [line.get_label() for line in sft.lines] == ["internal", "vanilla"]
+    # a model that trained no step has no line and no legend entry; a panel without data says so
+    assert [line.get_label() for line in sft.lines] == ["internal"]
+    assert [t.get_text() for t in rm.texts] == ["no data"] and not warmup.texts
     assert rlhf.lines[0].get_ydata().tolist() == [0.5, 0.55] and rlvr.lines[0].get_ydata().tolist() == [0.25, 0.5]
+    # shares on their whole range (a 0.50 -> 0.55 move drawn over the full height looked large)
+    assert rlhf.get_ylim() == rlvr.get_ylim() == (-0.02, 1.02) and warmup.get_ylim() != (-0.02, 1.02)
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
@@ -727,3 +731,15 @@ def test_accuracy_by_question_kind_in_the_summary_and_the_report(tmp_path, monke
     report.write_report()
     page = (tmp_path / "reports/README.md").read_text()
     assert "## Accuracy by question kind" in page and "test questions per kind: chain 1, repeat 2" in page
+
+
+def test_the_accuracy_plot_puts_systems_three_to_a_row(tmp_path, monkeypatch):
+    import stages.evaluate as evaluate
+
+    figures = []
+    monkeypatch.setattr(evaluate.plt, "close", figures.append)
+    own = {"accuracy": 0.4, "by_difficulty": {"1": 0.4}}
+    evaluate.plot_accuracy({f"s{i}": {"accuracy": 0.4, "by_format": {"own_choice": own}} for i in range(4)},
+                           tmp_path / "acc.png")
+    (fig,) = figures
+    assert len(fig.axes) == 4 and tuple(fig.get_size_inches()) == (15, 7.6)  # was one row, 24 inches wide
