@@ -54,10 +54,11 @@ FEATURE_SETS = {"shares": 3, "shares + pm": 5, "shares + pm + pointwise": 7}  # 
 
 
 class VerifierJudge:
-    """The local judge service's default decision, in process: a tie unless exactly one response is right."""
+    """The local judge service's default decision, in process: a tie unless exactly one response is right. The routed
+    reward asks about texts stripped of surrounding whitespace (as the service's prompt strips them)."""
 
     def __init__(self, right: dict[tuple[str, str], bool]):
-        self.right = right
+        self.right = {(q, t.strip()): ok for (q, t), ok in right.items()}
 
     def judge(self, asks: list[tuple[str, str, str]]) -> list[str]:
         return ["tie" if self.right[q, a] == self.right[q, b] else "A" if self.right[q, a] else "B"
