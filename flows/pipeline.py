@@ -61,7 +61,17 @@ def check_stages(stages: list[str] | None, every: list[str]) -> None:
         raise ParamsError(f"unknown stage(s) {', '.join(map(repr, unknown))}; the stages are: {', '.join(every)}")
 
 
-@task(retries=2, retry_delay_seconds=5, task_run_name="{name}")
+# a stage that stopped on the user's input (exit 2), a Ctrl-C (130) or another run's DVC lock fails the same way again
+NOT_WORTH_RETRYING = ("exited with 2", "exited with 130", "Unable to acquire lock", "is busy, it is being blocked by")
+
+
+def worth_retrying(task, task_run, state) -> bool:
+    """Prefect's retry condition: retry a stage that crashed (killed, out of memory: it resumes from its checkpoint),
+    not one that would fail again at once, after the retry delays and two more rounds of log."""
+    return not any(sign in str(state.result(raise_on_failure=False)) for sign in NOT_WORTH_RETRYING)
+
+
+@task(retries=2, retry_delay_seconds=5, retry_condition_fn=worth_retrying, task_run_name="{name}")
 def run_stage(name: str, parent_run_id: str) -> dict:
     """``dvc repro`` one stage; returns whether it ran and how long it took."""
     logger = get_run_logger()

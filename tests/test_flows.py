@@ -743,3 +743,20 @@ def test_the_accuracy_plot_puts_systems_three_to_a_row(tmp_path, monkeypatch):
                            tmp_path / "acc.png")
     (fig,) = figures
     assert len(fig.axes) == 4 and tuple(fig.get_size_inches()) == (15, 7.6)  # was one row, 24 inches wide
+
+
+@pytest.mark.parametrize("tail, retried", [
+    ("ERROR: failed to reproduce 'warmup': failed to run: python3 -m stages.warmup, exited with -9", True),  # killed
+    ("ERROR: failed to reproduce 'prepare': failed to run: python3 -m stages.prepare, exited with 2", False),
+    ("ERROR: Unable to acquire lock. Most likely another DVC process is running", False),
+    ("ERROR: 'models/warmup' is busy, it is being blocked by: (PID 42): dvc repro", False),
+])
+def test_a_stage_is_retried_only_where_a_retry_can_succeed(tail, retried):
+    """A stage that stopped on a bad row or on another run's lock ran twice more, 5 s apart, before the one error."""
+    from prefect.states import Failed
+
+    from flows.pipeline import worth_retrying
+    from posttrain.orchestration import CommandFailed
+
+    failure = CommandFailed(f"stage x failed (exit 255):\n{tail}")
+    assert worth_retrying(None, None, Failed(data=failure)) is retried
