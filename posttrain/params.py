@@ -10,10 +10,11 @@ Example:
 """
 from __future__ import annotations
 
+import difflib
 import io
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_origin
+from typing import get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML, YAMLError
@@ -34,6 +35,22 @@ _EXPECTED = {
 }
 
 
+def _short(value: object, limit: int = 80) -> str:
+    """A value's repr cut to ``limit`` characters: a misspelt section's whole contents made one line of hundreds."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _keys_beside(parts: list[str]) -> list[str]:
+    """The keys the schema allows where ``parts`` (a key path) ends, for a did-you-mean; none below a free mapping."""
+    model: type[BaseModel] | None = Params
+    for name in parts[:-1]:
+        field = model.model_fields.get(name) if model else None
+        kinds = [field.annotation, *get_args(field.annotation)] if field else []
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return list(model.model_fields) if model else []
+
+
 def _describe(err: dict) -> str:
     # Union members (e.g. 'int' in 'int | None') appear in loc; keep only the key path. A key that is not
     # plain printable text (a stray control character, say) is shown quoted so the message stays one line.
@@ -44,7 +61,9 @@ def _describe(err: dict) -> str:
     if kind == "missing":
         return f"{loc}: missing, expected a value"
     if kind == "extra_forbidden":
-        return f"{loc}: unknown key (got {err['input']!r}); check the spelling against configs/params.smoke.yaml"
+        known = difflib.get_close_matches(parts[-1], _keys_beside(parts), n=1) if parts else []
+        hint = f"did you mean {known[0]!r}?" if known else "check the spelling against configs/params.smoke.yaml"
+        return f"{loc}: unknown key (got {_short(err['input'])}); {hint}"
     if isinstance(err["input"], dict) or kind == "value_error":  # our own checks: their message says it all
         return f"{loc}: {err['msg'].removeprefix('Value error, ')}"
     expected = _EXPECTED.get(kind) or err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
@@ -82,7 +101,10 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ParamsError(f"{path}: no such file (run from the repository root)") from None
+        if not Path("dvc.yaml").is_file():
+            raise ParamsError(f"{path}: no such file (run from the repository root)") from None
+        near = difflib.get_close_matches(str(path), [str(p) for p in path.parent.glob("*.y*ml")], n=1)
+        raise ParamsError(f"{path}: no such file" + (f"; did you mean {near[0]}?" if near else "")) from None
     except UnicodeDecodeError as e:
         line = path.read_bytes()[:e.start].count(b"\n") + 1
         raise ParamsError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x})") from None

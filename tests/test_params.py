@@ -331,3 +331,23 @@ def test_an_api_key_written_where_its_variables_name_goes_is_refused_without_ech
     assert value not in str(e.value).removeprefix("params.yaml: judge.api_key_env") or not value
     r["judge"]["api_key_env"] = "OPENAI_API_KEY"
     parse_params(r)
+
+
+def test_a_misspelt_key_or_file_gets_a_suggestion_and_a_short_line(tmp_path, monkeypatch):
+    """A misspelt section printed its whole contents in the line and no suggestion; a misspelt file name at the
+    repository root was told to run from the repository root."""
+    raw = yaml.safe_load(Path("params.yaml").read_text())
+    raw["warmpu"] = raw.pop("warmup")
+    raw["rlhf"]["budgte"] = 0.1
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    lines = str(err.value).splitlines()
+    (section,) = [line for line in lines if line.startswith("params.yaml: warmpu:")]
+    assert section.endswith("did you mean 'warmup'?") and len(section) < 160
+    assert "params.yaml: rlhf.budgte: unknown key (got 0.1); did you mean 'budget'?" in lines
+    with pytest.raises(ParamsError, match=r"^configs/params.smok.yaml: no such file; did you mean "
+                                          r"configs/params.smoke.yaml\?$"):
+        load_params("configs/params.smok.yaml")
+    monkeypatch.chdir(tmp_path)  # away from the repository: the hint says where to run
+    with pytest.raises(ParamsError, match=r"no such file \(run from the repository root\)"):
+        load_params("params.yaml")
