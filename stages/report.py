@@ -10,6 +10,7 @@ section out with a line saying so, never a crash.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -159,6 +160,18 @@ def training_curves(path: Path) -> list[str]:
     return drawn
 
 
+def figure(source: str, out: Path, alt: str) -> str:
+    """A markdown image of another stage's figure (a path under reports/), copied into ``out``: the stages' own
+    directories are DVC outputs, absent from git, so a clone's page linked images it did not have. Empty when the
+    stage drew no such figure."""
+    path = REPORTS / source
+    if not path.is_file():
+        return ""
+    name = source.replace("/", "_")
+    shutil.copyfile(path, out / name)
+    return f"![{alt}](report/{name})"
+
+
 def build_report(out: Path) -> str:
     """The markdown of reports/README.md; its figures and CSVs are written into ``out`` (which replaces
     reports/report/ whole, so a section that is gone leaves no stale file)."""
@@ -186,8 +199,8 @@ def build_report(out: Path) -> str:
         dots = dots_table(evaluate)
         dots.to_csv(out / "dots.csv", index=False)
         parts += ["## DOTS: searched trajectories vs every static one\n", dots.to_markdown(index=False, floatfmt=".3f"),
-                  "\n![optimal trajectories](dots/optimal_trajectories.png)\n",
-                  "![accuracy by difficulty and format](evaluate/accuracy_by_difficulty.png)\n"]
+                  "\n" + figure("dots/optimal_trajectories.png", out, "optimal trajectories") + "\n",
+                  figure("evaluate/accuracy_by_difficulty.png", out, "accuracy by difficulty and format") + "\n"]
     if rm:
         # the score routing ranks by (train_rm.uncertainty_score), and u = sqrt(1 + lambda var) itself: they differ
         # in sign here, and a column named for u must not show the other's figure
@@ -200,8 +213,8 @@ def build_report(out: Path) -> str:
              "ECE calibrated": float("nan"), score: float("nan"), "Spearman(u, correct)": float("nan")}])
         table.to_csv(out / "reward_model.csv", index=False)
         parts += ["## Reward model calibration\n", table.to_markdown(index=False, floatfmt=".3f"),
-                  "\n![reliability](rm/reliability.png) ![accuracy by uncertainty decile]"
-                  "(rm/accuracy_by_uncertainty_decile.png)\n"]
+                  "\n" + figure("rm/reliability.png", out, "reliability") + " "
+                  + figure("rm/accuracy_by_uncertainty_decile.png", out, "accuracy by uncertainty decile") + "\n"]
     if rlhf:
         budgets = pd.DataFrame([{"judge budget": float(b), "uncertainty": v["uncertainty"], "random": v["random_mean"],
                                  "random std": v["random_std"]} for b, v in rlhf["routing"]["budgets"].items()])
@@ -212,7 +225,7 @@ def build_report(out: Path) -> str:
                   f"{rlhf.get('judge_cache_hits', 0):.0f} verdicts from the judge cache; of the verdicts "
                   f"{rlhf.get('judge_overrule_share', float('nan')):.3f} overruled the PM and "
                   f"{rlhf.get('judge_tie_share', float('nan')):.3f} were ties.\n",
-                  "![routing curve](routing/routing_curve.png)\n"]
+                  figure("routing/routing_curve.png", out, "routing curve") + "\n"]
     if rlvr:
         plot_rollout_cost(rlvr, out / "rollout_cost.png")
         pd.DataFrame(rlvr["dev_curve"]).to_csv(out / "rollout_cost.csv", index=False)

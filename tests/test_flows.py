@@ -760,3 +760,22 @@ def test_a_stage_is_retried_only_where_a_retry_can_succeed(tail, retried):
 
     failure = CommandFailed(f"stage x failed (exit 255):\n{tail}")
     assert worth_retrying(None, None, Failed(data=failure)) is retried
+
+
+def test_the_report_page_shows_other_stages_figures_from_copies_git_tracks(tmp_path, monkeypatch):
+    """It linked dots/, evaluate/, rm/ and routing/ PNGs: DVC outputs, absent from a clone, so the committed page
+    showed four broken images. It copies them beside itself; a figure no stage drew is left out, not linked."""
+    import stages.report as report
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports/metrics").mkdir(parents=True)
+    (tmp_path / "reports/dots").mkdir()
+    (tmp_path / "reports/dots/optimal_trajectories.png").write_bytes(b"\x89PNG dots")
+    own = {"accuracy": 0.5, "by_difficulty": {"1": 0.5}}
+    (tmp_path / "reports/metrics/evaluate.json").write_text(json.dumps(
+        {"warmup": {**own, "by_format": {"own_choice": own, "cot": own}}}))
+    report.write_report()
+    page = (tmp_path / "reports/README.md").read_text()
+    assert "![optimal trajectories](report/dots_optimal_trajectories.png)" in page
+    assert (tmp_path / "reports/report/dots_optimal_trajectories.png").read_bytes() == b"\x89PNG dots"
+    assert "evaluate/accuracy_by_difficulty.png" not in page  # evaluate drew none here
