@@ -29,7 +29,7 @@ import mlflow  # noqa: E402
 import networkx as nx  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from posttrain.evaluation import own_choice  # noqa: E402
+from posttrain.evaluation import SYSTEM_ORDER, own_choice  # noqa: E402
 from posttrain.params import ParamsError, load_params, with_overrides  # noqa: E402
 from posttrain.tracking import (PARENT_ENV, close_interrupted_runs, configure, git_state,  # noqa: E402
                                 process_tags)
@@ -122,9 +122,10 @@ def pipeline(stages: list[str] | None = None, profile: str | None = None,
 
 def accuracy_lines(metrics: dict) -> list[str]:
     """One line per evaluated model: its own-choice test accuracy (what the report's table gives), and for a model
-    scored on several formats their mean beside it."""
+    scored on several formats their mean beside it; in the pipeline's order (evaluate.json sorts its keys)."""
+    rank = {name: i for i, name in enumerate(SYSTEM_ORDER)}
     lines = []
-    for model, summary in metrics.items():
+    for model, summary in sorted(metrics.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])):
         formats, own = summary.get("by_format") or {}, own_choice(summary)
         if own is None:  # told its trajectory each time: no figure is its own
             lines.append(f"{model}: no own-choice accuracy; mean over its {len(formats)} static formats "

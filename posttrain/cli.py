@@ -1,6 +1,6 @@
 """The ``posttrain`` command.
 
-Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
+Also reachable as `python3 -m posttrain` (no PATH set-up needed).
 
     posttrain run [STAGE ...]      run the pipeline through Prefect (DVC skips unchanged stages)
     posttrain check-params [FILE]  validate params.yaml (or FILE) and print every problem
@@ -8,8 +8,9 @@ Also reachable as ``python3 -m posttrain`` (no PATH set-up needed).
     posttrain ui mlflow|prefect    open the MLflow or Prefect UI on this repository's stores
     posttrain judge serve          serve the local judge (OpenAI chat-completions protocol) until Ctrl-C
 
-A problem the user can fix (invalid params, missing inputs) ends the command with ``error: ...`` and exit code 2;
-a failed stage with ``error: ...`` (its output's last lines) and exit code 1.
+A problem the user can fix (invalid params, missing inputs) ends the command with `error: ...` and exit code 2;
+a failed stage with `error: ...` (its output's last lines) and exit code 1; Ctrl-C with one line and exit code 130
+(the running stage stops at its last checkpoint, and the same command resumes it).
 """
 from __future__ import annotations
 
@@ -85,12 +86,14 @@ def port_number(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="posttrain", description="Run, check, sweep and inspect the posttrain "
+                                     "pipeline of this repository.", epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the pipeline as a Prefect flow")
     run.add_argument("stages", nargs="*", help="only these stages (default: all)")
     check = sub.add_parser("check-params", help="validate a params file")
-    check.add_argument("file", nargs="?", default="params.yaml")
+    check.add_argument("file", nargs="?", default="params.yaml", help="a params file (default: params.yaml)")
     ui = sub.add_parser("ui", help="start a UI on loopback")
     ui.add_argument("which", choices=["mlflow", "prefect"])
     ui.add_argument("--port", type=port_number, default=None)

@@ -19,6 +19,8 @@ from posttrain.task.verifier import parse_integer, extract_answer
 from posttrain.trajectories import BY_NAME, split_choice
 
 OWN_CHOICE = "own_choice"
+# the systems evaluate scores, in the pipeline's order (the report's rows, the pipeline run's summary lines)
+SYSTEM_ORDER = ("warmup", "sft_vanilla", "dots_internal", "dots_external", "rlhf", "rlvr")
 OWN_WAY_FORMATS = {"external", "vanilla"}  # the one format of a system that answers its own way (no trajectory named)
 _CODE = re.compile(r"```(?:python)?\n(.*?)(?:```|$)", re.DOTALL)
 

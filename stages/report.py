@@ -23,15 +23,16 @@ from posttrain.atomic import atomic_dir, atomic_write_text  # noqa: E402
 from posttrain.curves import CURVE_DIR  # noqa: E402
 from posttrain.curves import read_curve  # noqa: E402
 from posttrain.errors import stage_main  # noqa: E402
-from posttrain.evaluation import own_choice  # noqa: E402
+from posttrain.evaluation import SYSTEM_ORDER, own_choice  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
 
 REPORTS = Path("reports")
 METRICS, OUT = REPORTS / "metrics", REPORTS / "report"
 README = REPORTS / "README.md"
-STAGES = [("warmup", "warm-up (own choice)"), ("sft_vanilla", "vanilla SFT"), ("dots_internal", "DOTS internalized (sft)"),
-          ("dots_external", "DOTS external planner"), ("rlhf", "routed RLHF"), ("rlvr", "RLVR (AR3PO)")]
+LABELS = {"warmup": "warm-up (own choice)", "sft_vanilla": "vanilla SFT", "dots_internal": "DOTS internalized (sft)",
+          "dots_external": "DOTS external planner", "rlhf": "routed RLHF", "rlvr": "RLVR (AR3PO)"}
+STAGES = [(key, LABELS[key]) for key in SYSTEM_ORDER]
 # the training curves, one panel each: (title, column, {series label: curve file under reports/curves/})
 CURVES = [("warm-up loss", "loss", {"": "warmup.csv"}),
           ("SFT loss", "loss", {planner: f"sft_{planner}.csv" for planner in ("internal", "external", "vanilla")}),

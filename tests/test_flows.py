@@ -239,6 +239,9 @@ def test_the_run_summary_gives_each_models_own_choice_accuracy():
     assert accuracy_lines({"warmup": warmup, "rlvr": {"accuracy": 0.662, "by_format": {"own_choice": {
         "accuracy": 0.662}}}}) == ["warmup: test accuracy 0.429 (own choice; mean over its 2 formats 0.401)",
                                    "rlvr: test accuracy 0.662"]
+    # in the pipeline's order, not evaluate.json's alphabetical one; a model outside it last
+    assert [line.split(":")[0] for line in accuracy_lines({k: {"accuracy": 0.5} for k in (
+        "dots_external", "rlvr", "warmup", "base", "rlhf")})] == ["warmup", "dots_external", "rlhf", "rlvr", "base"]
     # told its trajectory each time (evaluate.formats without own_choice): was "test accuracy 0.500", the mean
     static = {"accuracy": 0.5, "by_format": {"cot": {"accuracy": 0.75}, "pot": {"accuracy": 0.25}}}
     assert accuracy_lines({"warmup": static}) == ["warmup: no own-choice accuracy; mean over its 2 static formats 0.500"]
