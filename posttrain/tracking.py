@@ -220,9 +220,12 @@ def stage_run(stage: str, params: Params, sections: list[str]):
               "MLflow)")
     if parent:
         tags["mlflow.parentRunId"] = parent
+    run_name = stage
     if os.environ.get(SWEEP_ENV):
         tags.update({"posttrain.sweep": os.environ[SWEEP_ENV], "posttrain.variant": os.environ.get(VARIANT_ENV, "")})
-    with mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags) as run:
+        # MLflow's compare view lists runs by name: a sweep's variants were all named after the stage
+        run_name = f"{stage} {os.environ.get(VARIANT_ENV, '')}".strip()
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         logged = {}
         for name in sections:
             value = getattr(params, name)

@@ -438,6 +438,7 @@ def test_sweep_runs_each_variant_as_an_experiment_and_mlflow_compares_them(repro
     assert sorted(by_variant) == ["algos-0", "algos-1"]
     assert by_variant["algos-0"].data.params["rlvr.algo"] == "grpo"
     assert by_variant["algos-1"].data.params["rlvr.algo"] == "ar3po"
+    assert by_variant["algos-0"].info.run_name == "rlvr_ar3po algos-0"  # named apart in the compare view
     assert all("rlvr_test_accuracy" in r.data.metrics for r in runs)
     exps = run([sys.executable, "-m", "dvc", "exp", "show", "--json"], repo)
     assert "algos-0" in exps and "algos-1" in exps
