@@ -155,6 +155,7 @@ def test_a_failed_stage_ends_run_with_its_output_not_a_traceback(tmp_path, monke
         run_dvc(["repro", "--single-item", "boom"], {}, lambda line: None, what="stage boom")
 
     monkeypatch.setattr(flows.pipeline, "pipeline", pipeline)
+    monkeypatch.setattr("posttrain.cli.start_prefect_server", lambda: None)  # no flow runs: no API server to start
     assert main(["run", "boom"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: stage boom failed") and "stage boom broke" in err and "Traceback" not in err

@@ -254,6 +254,7 @@ def _children() -> list[int]:
 
 def test_the_whole_battery_at_once_leaves_the_host_healthy():
     codes = [code for code, _ in HOSTILE] * 2
+    before = set(_children())  # what earlier tests of this process started (a Prefect server) is not the battery's
     results = run_programs(codes, FAST, workers=4)
     assert not any(r.ok for r in results)
     # the busy loop's CPU limit (1 s) ends it unless the wall limit (3 s) comes first: eight programs on four workers
@@ -261,7 +262,7 @@ def test_the_whole_battery_at_once_leaves_the_host_healthy():
     expected = [("killed", "timeout") if code == HOSTILE[0][0] else (reason,) for code, reason in HOSTILE * 2]
     assert [any(e in r.reason for e in reasons) for r, reasons in zip(results, expected)] == [True] * len(codes)
     assert not os.path.exists("/tmp/posttrain-sandbox-escape") and Path("/etc/hostname").exists()
-    assert _children() == [], "a sandboxed program left a process behind"
+    assert set(_children()) - before == set(), "a sandboxed program left a process behind"
     assert run_program("print(6 * 7)").stdout == "42\n"  # and the sandbox still works
 
 
