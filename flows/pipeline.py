@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.orchestration import apply_prefect_settings, pipeline_lock, run_dvc
+from posttrain.orchestration import apply_prefect_settings, pipeline_lock, quiet_explained_failures, run_dvc
 
 apply_prefect_settings()
 
@@ -34,6 +34,7 @@ from posttrain.params import ParamsError, load_params, with_overrides  # noqa: E
 from posttrain.tracking import (PARENT_ENV, close_interrupted_runs, configure, git_state,  # noqa: E402
                                 process_tags)
 
+quiet_explained_failures()  # a failed stage: its last lines and the CLI's one line, without Prefect's two tracebacks
 METRICS = Path("reports/metrics/evaluate.json")
 
 

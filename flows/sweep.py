@@ -38,7 +38,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from posttrain.orchestration import apply_prefect_settings, pipeline_lock, run_dvc
+from posttrain.orchestration import apply_prefect_settings, pipeline_lock, quiet_explained_failures, run_dvc
 
 apply_prefect_settings()
 
@@ -54,6 +54,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from posttrain.params import ParamsError, read_yaml, with_overrides  # noqa: E402
 from posttrain.tracking import SWEEP_ENV, VARIANT_ENV  # noqa: E402
 
+quiet_explained_failures()
 OUT, METRICS = Path("reports/sweeps"), Path("reports/metrics")
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
 GridValue = Scalar | list[Scalar]  # what dvc exp run -S can set (a dict param's empty {} takes no new key)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -36,6 +37,25 @@ def prefect_settings(root: Path | str = ".") -> dict[str, str]:
 def apply_prefect_settings(root: Path | str = ".") -> None:
     for key, value in prefect_settings(root).items():
         os.environ.setdefault(key, value)
+
+
+class ExplainedFailureFilter(logging.Filter):
+    """Drops the traceback Prefect's engine logs with a task or flow that failed on a CommandFailed or a UserError:
+    the message already holds the failed stage's last lines (or the bad key), the traceback only points at our own
+    ``raise`` through forty lines of Prefect's engine, twice (task, then flow), before the CLI's one-line error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], (CommandFailed, UserError)):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_explained_failures() -> None:
+    """Install ``ExplainedFailureFilter`` on Prefect's flow and task run loggers (once); a crash keeps its traceback."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ExplainedFailureFilter) for f in logger.filters):
+            logger.addFilter(ExplainedFailureFilter())
 
 
 def start_prefect_server() -> None:

@@ -237,3 +237,27 @@ def test_prefects_temporary_server_outlives_the_terminals_ctrl_c(tmp_path):
                          text=True, timeout=300)
     # blocked in the server, the server alive after a SIGINT, and this process's own mask as it was
     assert out.stdout.split() == ["True", "True", "False"], out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("error, traceback_kept", [
+    (orchestration.CommandFailed("stage train_rm failed (exit 1):\nits last lines"), False),
+    (orchestration.UserError("params.yaml: rlhf.budget: must be at most 1"), False),
+    (ZeroDivisionError("a crash of our own"), True),
+])
+def test_a_stage_failure_the_cli_explains_reaches_prefects_log_without_a_traceback(error, traceback_kept):
+    """Prefect's engine logs a failed task, then its flow, each with a traceback through its own frames: 80 lines
+    before the CLI's one-line error, for a failure whose message already names the stage and its last lines."""
+    import logging
+
+    import flows.pipeline  # noqa: F401  (installs the filter, as `posttrain run` and the deployments import it)
+
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        try:
+            raise error
+        except Exception:
+            record = logging.getLogger(name).makeRecord(name, logging.ERROR, __file__, 0, "Task run failed with "
+                                                        "exception: %r", (error,), sys.exc_info())
+        assert all(f.filter(record) for f in logging.getLogger(name).filters)
+        text = logging.Formatter().format(record)
+        assert str(error).splitlines()[0] in text
+        assert ("Traceback" in text) is traceback_kept, name

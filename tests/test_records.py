@@ -89,7 +89,8 @@ def test_synthetic_splits_share_nothing(profile):
     splits = synthetic_splits(p.task, p.prepare, p.seed)
     assert not find_split_overlaps(splits)
     # nor a problem in other words (10 of the default test split's 240 were train problems reworded)
-    keys = {name: {problem_key(Problem.from_fields(r)) for r in rs} for name, rs in splits.items()}
+    keys = {name: {problem_key(Problem.from_fields(r), keep_bare_repeats=p.prepare.stratify_kinds) for r in rs}
+            for name, rs in splits.items()}
     assert not keys["train"] & keys["dev"] and not keys["train"] & keys["test"] and not keys["dev"] & keys["test"]
     assert [len(splits[s]) for s in ("train", "dev", "test")] == [p.prepare.n_train, p.prepare.n_dev, p.prepare.n_test]
     for name, records in splits.items():  # and the checks a user's rows go through pass the task's own
@@ -100,17 +101,25 @@ def test_synthetic_splits_share_nothing(profile):
 def test_no_dev_or_test_question_is_a_train_problem_padded_with_a_net_zero_block(profile):
     # "Start with 23. Multiply the result by 2. Add 4, then subtract 4, and repeat this 10 times. Divide by 2." in test
     # restates as train's "Compute (23 * 2) / 2.": 17 of the default test split's 240 were such train problems
+    # (a bare repeat question, a start and net-zero blocks only, states its own answer: with stratify_kinds it is
+    # its own problem)
     from posttrain.task.arithmetic import Problem
+    from stages.prepare import problem_key
 
     p = load_params(profile)
     splits = synthetic_splits(p.task, p.prepare, p.seed)
 
-    def clean(r):
-        q = Problem.from_fields(r).without_repeats()
-        return q.start, q.steps
+    def key(r):
+        return problem_key(Problem.from_fields(r), keep_bare_repeats=p.prepare.stratify_kinds)
 
-    train, dev, test = ({clean(r) for r in splits[s]} for s in ("train", "dev", "test"))
-    assert not train & dev and not train & test and not dev & test
+    def padded(r):
+        steps = Problem.from_fields(r).steps
+        return any(s.repeat for s in steps) and any(not s.repeat for s in steps)
+
+    every = {name: {key(r) for r in rs} for name, rs in splits.items()}
+    for name, rs in splits.items():
+        others = set().union(*(every[o] for o in splits if o != name))
+        assert not {key(r) for r in rs if padded(r)} & others, name
 
 
 def test_stratified_splits_give_test_the_repeat_share_its_slice_of_the_pool_drew():
@@ -124,7 +133,7 @@ def test_stratified_splits_give_test_the_repeat_share_its_slice_of_the_pool_drew
     from stages.prepare import problem_key
 
     p = load_params("params.yaml")
-    plain = synthetic_splits(p.task, p.prepare, p.seed)
+    plain = synthetic_splits(p.task, p.prepare.model_copy(update={"stratify_kinds": False}), p.seed)
     prep = p.prepare.model_copy(update={"stratify_kinds": True})
     splits = synthetic_splits(p.task, prep, p.seed)
     assert splits["train"] == plain["train"] and not find_split_overlaps(splits)
