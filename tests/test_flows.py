@@ -112,27 +112,29 @@ def test_sweep_values_with_an_interpolation_or_an_infinity_reach_params_yaml_unc
 
 
 def test_a_sweep_report_groups_list_values_and_says_how_many_variants_ran(tmp_path, monkeypatch):
-    import flows.sweep as sweep
+    import flows.sweep_report as report
+    from flows.sweep import SweepSpec
 
-    spec = sweep.SweepSpec(name="fmt", grid={"evaluate.formats": [["cot"], ["pot"]], "seed": [0, 1]},
+    spec = SweepSpec(name="fmt", grid={"evaluate.formats": [["cot"], ["pot"]], "seed": [0, 1]},
                            metrics=["evaluate:accuracy"])
     rows = [{"variant": f"fmt-{i}", "evaluate.formats": f'["{f}"]', "seed": s, "evaluate:accuracy": 0.5 + i / 10}
             for i, (f, s) in enumerate([("cot", 0), ("cot", 1), ("pot", 0)])]
-    monkeypatch.setattr(sweep, "OUT", tmp_path)
-    opening = sweep.status(spec, 3, 4, "2026-01-01 00:00 UTC", error=RuntimeError("variant fmt-3 failed (exit 1)"))
-    report = sweep.write_report(spec, rows, 4, opening).read_text()
+    monkeypatch.setattr(report, "OUT", tmp_path)
+    opening = report.status(spec, 3, 4, "2026-01-01 00:00 UTC", error=RuntimeError("variant fmt-3 failed (exit 1)"))
+    text = report.write_report(spec, rows, 4, opening).read_text()
     # fmt-3 failed (or was stopped) and none after it ran: it was '(the rest failed)'
-    assert "3 of 4 variants ran" in report and "`fmt-3` failed" in report and '["pot"]' in report
+    assert "3 of 4 variants ran" in text and "`fmt-3` failed" in text and '["pot"]' in text
 
 
 def test_a_null_grid_value_keeps_its_row_in_the_summary():
-    import flows.sweep as sweep
+    from flows.sweep import SweepSpec
+    from flows.sweep_report import summarise
 
-    spec = sweep.SweepSpec(name="engine", grid={"rlvr.vllm": [None, "colocate"], "seed": [0, 1]},
+    spec = SweepSpec(name="engine", grid={"rlvr.vllm": [None, "colocate"], "seed": [0, 1]},
                            metrics=["rlvr_ar3po:rlvr_test.accuracy"])
     rows = [{"variant": f"v{i}", "rlvr.vllm": v, "seed": s, "rlvr_ar3po:rlvr_test.accuracy": 0.5 + i / 10}
             for i, (v, s) in enumerate([(None, 0), (None, 1), ("colocate", 0), ("colocate", 1)])]
-    summary = sweep.summarise(spec, rows)
+    summary = summarise(spec, rows)
     assert len(summary) == 2 and summary["rlvr_ar3po:rlvr_test.accuracy count"].tolist() == [2, 2]
 
 
