@@ -311,7 +311,7 @@ def sweep(sweep_file: str) -> dict:
     return {"report": str(report), "rows": rows}
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python3 -m flows.sweep <sweep file>")
-    sweep(sys.argv[1])
+if __name__ == "__main__":  # as `posttrain sweep`: a bad sweep file or params.yaml is one line, Ctrl-C too
+    from posttrain.cli import main
+
+    sys.exit(main(["sweep", *sys.argv[1:]]))

@@ -176,6 +176,14 @@ def test_a_bad_sweep_file_is_one_error_line_before_any_flow_starts(tmp_path, mon
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_python_m_flows_sweep_reports_a_bad_sweep_file_as_the_cli_does(tmp_path, monkeypatch):
+    """README names `python3 -m flows.sweep <file>` beside `posttrain sweep`: it printed the ParamsError's traceback."""
+    workspace(tmp_path, monkeypatch)
+    proc = subprocess.run([sys.executable, "-m", "flows.sweep", "missing.yaml"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: missing.yaml: ") and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("params, stage, said", [
     (None, "evalute", "error: unknown stage(s) 'evalute'; the stages are: prepare, "),
     ("seed: x\n", "evaluate", "error: params.yaml: seed: got 'x', expected an integer\n")])
