@@ -5,7 +5,7 @@ test accuracy of each resulting policy and what its judge cost.
     python3 bench/rlhf_downstream.py [--seeds 3] [--steps N] [--routings uncertainty_budget random rm_only judge_only]
                                      [--budget B] [--same-answer judge|skip|tie]
                                      [--route-score uncertainty|expected_gain] [--route-unit pair|comparison]
-                                     [--extra-test 960] [--pm DIR]
+                                     [--extra-test 960] [--pm DIR] [--learning-rate LR] [--kl-beta B]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -55,8 +55,13 @@ def variant(run: dict) -> str:
     ``route_score`` was, ``uncertainty`` (which only uncertainty routing reads); before ``route_unit`` was,
     ``pair``; a run routed with a PM other than the stage's (``--pm``) names it, unless it never read it
     (``reads_pm``). Runs that do not record their PM predate ``routing.right_side`` (both came in one commit):
-    their expected_gain took the side from the PM's p alone."""
+    their expected_gain took the side from the PM's p alone. A learning rate or KL coefficient other than the
+    ones every run used before they were recorded (5e-5, 0.04) is named too."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    if run.get("learning_rate", 5e-5) != 5e-5:
+        suffix += f", lr {run['learning_rate']:g}"
+    if run.get("kl_beta", 0.04) != 0.04:
+        suffix += f", KL {run['kl_beta']:g}"
     if reads_pm(run) and Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
         suffix += f", PM {Path(run['pm']).name}"
     if run["routing"] in BUDGETED and run.get("route_unit", "pair") == "comparison":
@@ -100,7 +105,8 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: 
     test = own_choice_accuracy(str(workdir / "policy"), splits["test"], cfg.max_new_tokens, params.sandbox)
     return {"routing": routing, "pm": str(pm_dir), "budget": cfg.budget, "budget_of": "eligible",
             "same_answer": cfg.same_answer,
-            "route_score": cfg.route_score, "route_unit": cfg.route_unit, "seed": seed,
+            "route_score": cfg.route_score, "route_unit": cfg.route_unit, "learning_rate": cfg.learning_rate,
+            "kl_beta": cfg.kl_beta, "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
             **reward.summary(), "judge_calls": ledger.calls, "judge_cost": ledger.cost,
@@ -176,6 +182,10 @@ def run() -> None:
                     help="what uncertainty routing ranks pairs by (default: rlhf.route_score)")
     ap.add_argument("--route-unit", choices=["pair", "comparison"], default=None,
                     help="what a budget counts: pairs or distinct comparisons (calls) (default: rlhf.route_unit)")
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help="the policy's learning rate (default: rlhf.learning_rate)")
+    ap.add_argument("--kl-beta", type=float, default=None,
+                    help="the KL penalty's coefficient to the SFT policy (default: rlhf.kl_beta)")
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions of the task to the test split (a multiple of the "
                          "difficulty count; none of them in train, dev or test), for less noise per evaluation")
@@ -199,7 +209,8 @@ def run() -> None:
         torch.set_num_threads(args.threads)
     try:  # validated as params.yaml is: --budget 10 (meant as percent) stops here, naming rlhf.budget
         overrides = {"rlhf.budget": args.budget, "rlhf.same_answer": args.same_answer,
-                     "rlhf.route_score": args.route_score, "rlhf.route_unit": args.route_unit}
+                     "rlhf.route_score": args.route_score, "rlhf.route_unit": args.route_unit,
+                     "rlhf.learning_rate": args.learning_rate, "rlhf.kl_beta": args.kl_beta}
         params = with_overrides("params.yaml", {k: v for k, v in overrides.items() if v is not None}, out=None)
     except ParamsError as e:
         ap.error(str(e))
