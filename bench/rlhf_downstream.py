@@ -6,6 +6,7 @@ test accuracy of each resulting policy and what its judge cost.
                                      [--budget B] [--same-answer judge|skip|tie]
                                      [--route-score uncertainty|expected_gain] [--route-unit pair|comparison]
                                      [--extra-test 960] [--pm DIR] [--learning-rate LR] [--kl-beta B]
+                                     [--unrouted pm|expected_verdict]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -36,6 +37,7 @@ from posttrain.params import ParamsError, with_overrides  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.preference_model import PreferenceModel  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward, train_routed_policy  # noqa: E402
+from posttrain.routing import decisive_chance, right_side, upper_pairs  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from held_out import held_out_questions  # noqa: E402
 from results_files import join_results  # noqa: E402
@@ -45,6 +47,33 @@ from stages.rlhf_routed import DATA, PM_DIR, POLICY  # noqa: E402
 OUT = Path("reports/bench/rlhf_downstream.json")
 ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")
 BUDGETED = ("uncertainty_budget", "random")
+
+
+class ExpectedVerdictReward(RoutedPairwiseReward):
+    """``--unrouted expected_verdict``: a pair the judge does not see scores what the judge is expected to say
+    about it, 2 d_ij (2 q_ij - 1), in place of the PM's logit s_ij: d_ij the chance the pair is decisive at all and
+    q_ij the chance i is its right side, the estimates expected_gain routing already ranks by (the PM's calibrated
+    odds times the self-consistency odds of the prompt's final answers; ``posttrain.routing``). Two responses with
+    the same final answer score 0, as the judge's tie; one with no answer loses to one with an answer. No reference
+    answer is read: the final answers come from the responses (pot programs run in the sandbox)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answer_of: dict[str, int | None] = {}  # the step's routing asks for the same answers again
+
+    def final_answers(self, texts: list[str]) -> list[int | None]:
+        new = [t for t in dict.fromkeys(texts) if t not in self.answer_of]
+        if new:
+            self.answer_of.update(zip(new, super().final_answers(new)))
+        return [self.answer_of[t] for t in texts]
+
+    def score_group(self, question: str, responses: list[str]):
+        s, u, p = super().score_group(question, responses)
+        answers = self.final_answers(responses)
+        expected = 2 * decisive_chance(answers) * (2 * right_side(p, answers) - 1)
+        for i, j in upper_pairs(len(responses)):
+            s[i, j], s[j, i] = expected[i, j], -expected[i, j]
+        return s, u, p
 
 
 def variant(run: dict) -> str:
@@ -58,6 +87,8 @@ def variant(run: dict) -> str:
     their expected_gain took the side from the PM's p alone. A learning rate or KL coefficient other than the
     ones every run used before they were recorded (5e-5, 0.04) is named too."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    if run.get("unrouted", "pm") != "pm":
+        suffix += f", unrouted: {run['unrouted']}"
     if run.get("learning_rate", 5e-5) != 5e-5:
         suffix += f", lr {run['learning_rate']:g}"
     if run.get("kl_beta", 0.04) != 0.04:
@@ -90,15 +121,17 @@ def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
 
 
 def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: str, splits: dict,
-            workdir: Path) -> dict:
-    """Train with one routing policy and seed, routed by the PM in ``pm_dir``; test accuracy and judge cost."""
+            workdir: Path, unrouted: str = "pm") -> dict:
+    """Train with one routing policy and seed, routed by the PM in ``pm_dir``, the pairs the judge does not see
+    scored by ``unrouted``; test accuracy and judge cost."""
     pm = PreferenceModel.from_pretrained(pm_dir)
     cfg = params.rlhf.model_copy(update={"routing": routing, "max_steps": steps})
     run_params = params.model_copy(update={"rlhf": cfg})
     ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
     start = time.perf_counter()
     with closing(JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)) as client:
-        reward = RoutedPairwiseReward(pm, client, cfg, seed, params.sandbox)
+        reward_cls = ExpectedVerdictReward if unrouted == "expected_verdict" else RoutedPairwiseReward
+        reward = reward_cls(pm, client, cfg, seed, params.sandbox)
         dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params,
                                      str(workdir / "policy"), workdir / "checkpoints", key_files=[Path(pm_dir)],
                                      seed=seed)
@@ -106,9 +139,10 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: 
     return {"routing": routing, "pm": str(pm_dir), "budget": cfg.budget, "budget_of": "eligible",
             "same_answer": cfg.same_answer,
             "route_score": cfg.route_score, "route_unit": cfg.route_unit, "learning_rate": cfg.learning_rate,
-            "kl_beta": cfg.kl_beta, "seed": seed,
+            "kl_beta": cfg.kl_beta, "unrouted": unrouted, "seed": seed,
             "test_accuracy": test["accuracy"],
-            "test_by_difficulty": test["by_difficulty"], "dev_accuracy": dev_cb.history,
+            "test_by_difficulty": test["by_difficulty"], "test_by_kind": test.get("by_kind"),
+            "dev_accuracy": dev_cb.history,
             **reward.summary(), "judge_calls": ledger.calls, "judge_cost": ledger.cost,
             "seconds": round(time.perf_counter() - start, 1)}
 
@@ -186,6 +220,9 @@ def run() -> None:
                     help="the policy's learning rate (default: rlhf.learning_rate)")
     ap.add_argument("--kl-beta", type=float, default=None,
                     help="the KL penalty's coefficient to the SFT policy (default: rlhf.kl_beta)")
+    ap.add_argument("--unrouted", choices=["pm", "expected_verdict"], default="pm",
+                    help="what a pair the judge does not see scores: the PM's logit (METHODS.md) or the judge's "
+                         "expected verdict from the PM and the prompt's final answers (ExpectedVerdictReward)")
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions of the task to the test split (a multiple of the "
                          "difficulty count; none of them in train, dev or test), for less noise per evaluation")
@@ -229,7 +266,7 @@ def run() -> None:
                         mlflow.start_run(run_name=f"{routing} seed {seed}", nested=True,
                                          tags={"posttrain.bench.variant": routing, "seed": str(seed)}):
                     r = one_run(params, routing, seed, args.steps or params.rlhf.max_steps, url, args.pm, splits,
-                                Path(tmp))
+                                Path(tmp), args.unrouted)
                     mlflow.log_metrics({"test_accuracy": r["test_accuracy"], "judge_calls": r["judge_calls"],
                                         "judge_cost": r["judge_cost"], "routed_fraction": r["routed_fraction"]})
                 results.append(r)
