@@ -85,8 +85,12 @@ def variant(run: dict) -> str:
     ``pair``; a run routed with a PM other than the stage's (``--pm``) names it, unless it never read it
     (``reads_pm``). Runs that do not record their PM predate ``routing.right_side`` (both came in one commit):
     their expected_gain took the side from the PM's p alone. A learning rate or KL coefficient other than the
-    ones every run used before they were recorded (5e-5, 0.04) is named too."""
+    ones every run used before they were recorded (5e-5, 0.04) is named too, and so is a run length other than 60
+    steps (``rlhf.max_steps``; before it was recorded, the dev history's last step)."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
+    steps = run.get("steps") or (run["dev_accuracy"][-1][0] if run.get("dev_accuracy") else 60)
+    if steps != 60:
+        suffix += f", {steps} steps"
     if run.get("unrouted", "pm") != "pm":
         suffix += f", unrouted: {run['unrouted']}"
     if run.get("learning_rate", 5e-5) != 5e-5:
@@ -139,7 +143,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: 
     return {"routing": routing, "pm": str(pm_dir), "budget": cfg.budget, "budget_of": "eligible",
             "same_answer": cfg.same_answer,
             "route_score": cfg.route_score, "route_unit": cfg.route_unit, "learning_rate": cfg.learning_rate,
-            "kl_beta": cfg.kl_beta, "unrouted": unrouted, "seed": seed,
+            "kl_beta": cfg.kl_beta, "unrouted": unrouted, "steps": steps, "seed": seed,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "test_by_kind": test.get("by_kind"),
             "dev_accuracy": dev_cb.history,
