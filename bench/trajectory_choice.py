@@ -27,7 +27,7 @@ from posttrain.jsonl import read_jsonl
 from posttrain.modeling import load_pretrained
 from posttrain.params import load_params
 from posttrain.sandbox import sandbox_limits
-from posttrain.trajectories import prompt as open_prompt
+from posttrain.trajectories import Trajectory, prompt as open_prompt
 from stages.rlhf_routed import DATA
 
 OUT = Path("reports/bench/trajectory_choice.json")
@@ -35,17 +35,17 @@ OUT = Path("reports/bench/trajectory_choice.json")
 
 def solution_of(trajectory: str | None) -> str:
     """``cot`` or ``pot`` from a trajectory name, ``none`` where the response named no trajectory it could parse."""
-    actions = (trajectory or "").split("+")
-    return "pot" if "pot" in actions else "cot" if "cot" in actions else "none"
+    return Trajectory.from_name(trajectory).solution if trajectory else "none"
 
 
 def choice_table(rows: list[dict]) -> dict:
-    """Per ``kind|solution`` (``all`` for either): questions and accuracy; and the wrong rows by reason."""
+    """Per ``kind|solution`` (``all`` for either; rows without a kind count under ``all`` only): questions and
+    accuracy; and the wrong rows by reason."""
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     wrong: Counter = Counter()
     for r in rows:
         kind, sol = r.get("kind", "all"), solution_of(r["trajectory"])
-        for key in (f"{kind}|{sol}", f"{kind}|all", f"all|{sol}", "all|all"):
+        for key in dict.fromkeys((f"{kind}|{sol}", f"{kind}|all", f"all|{sol}", "all|all")):
             counts[key][0] += 1
             counts[key][1] += r["correct"]
         if not r["correct"]:
