@@ -31,7 +31,8 @@ import mlflow  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient  # noqa: E402
+from posttrain.judge_client import JudgeCache, JudgeClient  # noqa: E402
+from posttrain.judge_cost import CostLedger  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import ParamsError, with_overrides  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402

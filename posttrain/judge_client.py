@@ -20,7 +20,6 @@ import threading
 import time
 from email.utils import parsedate_to_datetime
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attemp
 
 from posttrain.errors import UserError
 from posttrain.judge_cache import JudgeCache
+from posttrain.judge_cost import CostLedger
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict
 
 
@@ -139,52 +139,6 @@ def judge_identity(cfg) -> list:
         local.append(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
                             for f in Path(cfg.hf_model).iterdir() if f.is_file()))
     return [cfg.model, cfg.temperature, *local]
-
-
-@dataclass
-class CostLedger:
-    """What the judge cost: calls made (cache hits are free), tokens, money, failures by kind."""
-
-    price_in_per_1k: float
-    price_out_per_1k: float
-    calls: int = 0
-    cache_hits: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, tokens_in: int, tokens_out: int) -> None:
-        with self.lock:
-            self.calls += 1
-            self.tokens_in += tokens_in
-            self.tokens_out += tokens_out
-
-    def fail(self, kind: str) -> None:
-        with self.lock:
-            self.failures[kind] = self.failures.get(kind, 0) + 1
-
-    @property
-    def cost(self) -> float:
-        return self.tokens_in / 1000 * self.price_in_per_1k + self.tokens_out / 1000 * self.price_out_per_1k
-
-    def state_dict(self) -> dict:
-        """The counts, for a checkpoint (a resumed run's ledger then covers the whole run)."""
-        with self.lock:
-            return {"calls": self.calls, "cache_hits": self.cache_hits, "tokens_in": self.tokens_in,
-                    "tokens_out": self.tokens_out, "failures": dict(self.failures)}
-
-    def load_state_dict(self, state: dict) -> None:
-        with self.lock:
-            self.calls, self.cache_hits = state["calls"], state["cache_hits"]
-            self.tokens_in, self.tokens_out, self.failures = state["tokens_in"], state["tokens_out"], state["failures"]
-
-    def as_metrics(self, prefix: str = "judge.") -> dict[str, float]:
-        out = {"calls": self.calls, "cache_hits": self.cache_hits, "tokens_in": self.tokens_in,
-               "tokens_out": self.tokens_out, "cost": self.cost,
-               "failures": sum(self.failures.values())}
-        out.update({f"failures.{k}": v for k, v in self.failures.items()})
-        return {f"{prefix}{k}": float(v) for k, v in out.items()}
 
 
 cut_lock = threading.Lock()

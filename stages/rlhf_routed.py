@@ -24,7 +24,8 @@ from posttrain.atomic import atomic_dir, atomic_write_json
 from posttrain.curves import CURVE_DIR
 from posttrain.errors import stage_main
 from posttrain.jsonl import read_jsonl
-from posttrain.judge_client import CostLedger, JudgeCache, JudgeClient
+from posttrain.judge_client import JudgeCache, JudgeClient
+from posttrain.judge_cost import CostLedger
 from posttrain.judge_server import judge_endpoint
 from posttrain.params import load_params
 from posttrain.preference_model import PreferenceModel, reduce_variance

@@ -247,7 +247,7 @@ def test_verdict_parser_skips_the_article_and_reasoning_and_reads_markdown(answe
 def test_the_metrics_keep_pairs_that_fell_back_apart_from_failed_judge_requests():
     """rlhf_routed.json used to carry the ledger's failed-request count under the routing's ``judge_failures``
     (pairs that fell back to the PM), overwriting it."""
-    from posttrain.judge_client import CostLedger
+    from posttrain.judge_cost import CostLedger
     from posttrain.rlhf import RoutedPairwiseReward
     from stages.rlhf_routed import judge_figures
 

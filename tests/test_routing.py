@@ -70,7 +70,7 @@ class StubPM:
 
 class StubJudge:
     def __init__(self, fail_every=0):
-        from posttrain.judge_client import CostLedger
+        from posttrain.judge_cost import CostLedger
         self.ledger, self.asked, self.fail_every = CostLedger(0.001, 0.002), [], fail_every
 
     def judge(self, triples):
@@ -330,7 +330,7 @@ def test_a_resumed_routed_run_gets_back_its_totals_ledger_and_rng(tmp_path):
 
     from transformers import TrainerControl, TrainerState
 
-    from posttrain.judge_client import CostLedger
+    from posttrain.judge_cost import CostLedger
     from posttrain.rlhf import ROUTING_STATE, RoutedPairwiseReward, RoutingStateCallback
 
     def fresh():
