@@ -13,7 +13,8 @@ gone as FAILED (tag ``posttrain.interrupted``) and links itself to them (``postt
 
 Float results are bit-for-bit repeatable on one machine but not across CPUs (each picks its own SIMD kernels), so
 each run also records what decides them: ``numerics.cpu``, ``numerics.torch_cpu_capability``,
-``numerics.torch_threads``, ``numerics.device`` and the versions of torch, transformers and trl. Two runs whose
+``numerics.torch_threads``, ``numerics.device``, the versions of torch, transformers and trl, and the kernel caps
+(``numerics.ATEN_CPU_CAPABILITY``, ``numerics.MKL_ENABLE_INSTRUCTIONS``, ``numerics.DNNL_MAX_CPU_ISA``). Two runs whose
 weights differ with the same ``dvc.dep.*`` tags can be told apart by these.
 
 In a multi-process launch only rank 0 logs to the configured store; the other ranks' runs go to a throwaway one
@@ -166,6 +167,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the variables that cap the SIMD kernels of torch, MKL and oneDNN; set to AVX2 on an AVX-512 machine they give an
+# AVX2-only machine's bits (README, "Float kernels differ between CPUs"); MKL's and oneDNN's choice shows nowhere else
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
+
+
 def numerics_tags() -> dict[str, str]:
     """What decides a run's float results besides its code, data and params (see the module docstring)."""
     from importlib.metadata import version
@@ -174,7 +180,8 @@ def numerics_tags() -> dict[str, str]:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return {"numerics.cpu": _cpu_model(), "numerics.torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "numerics.torch_threads": str(torch.get_num_threads()), "numerics.device": device,
-            **{f"numerics.{lib}": version(lib) for lib in ("torch", "transformers", "trl")}}
+            **{f"numerics.{lib}": version(lib) for lib in ("torch", "transformers", "trl")},
+            **{f"numerics.{var}": os.environ.get(var, "unset") for var in KERNEL_CAPS}}
 
 
 def close_interrupted_runs(experiment_id: str, stage: str) -> list[str]:

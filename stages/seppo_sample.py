@@ -84,7 +84,8 @@ def main() -> None:
         for rec, chosen_refs in zip(records, plan):
             for k, j in enumerate(chosen_refs):
                 jobs[j].append((rec, k))
-        print(f"seppo_sample: {len(records)} prompts x {cfg.samples_per_prompt} samples from {len(refs)} references")
+        print(f"seppo_sample: {len(records)} prompts x {cfg.samples_per_prompt} samples from {len(refs)} "
+              f"reference{'s' * (len(refs) != 1)}")
 
         # 1-2. sample from each reference, build the anchors, keep the reference log-probs of both; each reference's
         # samples are saved as they are done, so a killed run resumes at the next reference

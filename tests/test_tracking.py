@@ -87,6 +87,8 @@ def test_a_stage_run_records_what_decides_its_float_results(tmp_path, monkeypatc
     import torch
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     base = load_params(SMOKE)
     params = base.model_copy(update={"tracking": base.tracking.model_copy(
         update={"uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_root": str(tmp_path / "artifacts")})})
@@ -103,6 +105,7 @@ def test_a_stage_run_records_what_decides_its_float_results(tmp_path, monkeypatc
     assert tags["numerics.torch"] == torch.__version__
     assert tags["numerics.device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     assert tags["numerics.cpu"]  # the CPU's model name
+    assert tags["numerics.MKL_ENABLE_INSTRUCTIONS"] == "AVX2" and tags["numerics.DNNL_MAX_CPU_ISA"] == "unset"
 
 
 def smoke_params(tmp_path, **sections):
