@@ -77,6 +77,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("reports/bench/cpu_numerics.json"))
     ap.add_argument("--reference", type=Path, help="another machine's --out, to compare hashes with")
     args = ap.parse_args()
+    reference = json.loads(args.reference.read_text()) if args.reference else None
+    if reference and reference["steps"] != args.steps:
+        ap.error(f"--reference {args.reference} ran {reference['steps']} steps: pass --steps {reference['steps']}")
     import torch  # only the parent's: each setting's torch loads in its own process
 
     results = {}
@@ -95,7 +98,6 @@ def main() -> None:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     report = {"cpu": cpu, "avx512": " avx512f" in flags, "amx": " amx_tile" in flags, "steps": args.steps,
               "torch": torch.__version__, "settings": results}
-    reference = json.loads(args.reference.read_text()) if args.reference else None
 
     print(f"{cpu} (avx512 {report['avx512']}, amx {report['amx']}), torch {torch.__version__}, {args.steps} steps")
     print(f"{'setting':<10} {'kernels':<8} {'threads':>7} {'weights sha256':<16} {'1st loss != default':>19} "
