@@ -24,12 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from posttrain.tracking import KERNEL_CAPS, cpu_model
+
 SETTINGS = {
     "default": {},
     "aten_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "all_avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"},
 }
-KERNEL_VARS = sorted({k for env in SETTINGS.values() for k in env})
 
 _CHILD = r"""
 import hashlib, json, sys
@@ -63,7 +64,7 @@ print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "thread
 
 def run_setting(env_vars: dict, steps: int, weights_out: str) -> dict:
     """One fresh interpreter under ``env_vars`` (the kernel variables not named are unset)."""
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARS} | env_vars
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CAPS} | env_vars
     done = subprocess.run([sys.executable, "-c", _CHILD, str(steps), weights_out], env=env, capture_output=True,
                           text=True, check=False)
     if done.returncode:
@@ -93,8 +94,7 @@ def main() -> None:
             r["max_abs_weight_diff_vs_default"] = float((other - base).abs().max())
             differ = [i + 1 for i, (a, b) in enumerate(zip(r["losses"], results["default"]["losses"])) if a != b]
             r["first_loss_differing_from_default"] = differ[0] if differ else None
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    cpu = cpu_model()
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     report = {"cpu": cpu, "avx512": " avx512f" in flags, "amx": " amx_tile" in flags, "steps": args.steps,
               "torch": torch.__version__, "settings": results}

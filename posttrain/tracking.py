@@ -159,7 +159,8 @@ def process_tags() -> dict[str, str]:
     return {"posttrain.pid": str(os.getpid()), "posttrain.host": socket.gethostname()}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -178,7 +179,7 @@ def numerics_tags() -> dict[str, str]:
 
     import torch
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {"numerics.cpu": _cpu_model(), "numerics.torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"numerics.cpu": cpu_model(), "numerics.torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "numerics.torch_threads": str(torch.get_num_threads()), "numerics.device": device,
             **{f"numerics.{lib}": version(lib) for lib in ("torch", "transformers", "trl")},
             **{f"numerics.{var}": os.environ.get(var, "unset") for var in KERNEL_CAPS}}
