@@ -1,7 +1,10 @@
 """What the sandbox's kernel layers cost: programs/s with every layer this kernel offers against the audit hook and
 resource limits alone, the two interleaved in rounds so that load on the machine falls on both alike.
 
-    python3 bench/sandbox.py [--programs 60] [--rounds 3] [--workers 2]
+    python3 bench/sandbox.py [--programs 60] [--rounds 3] [--workers 2] [--parent-gib 0]
+
+``--parent-gib`` makes the calling process hold that much resident memory first, as a stage holding a policy does:
+what starting a program costs may grow with the caller's size.
 
 Prints a table; nothing here is asserted.
 """
@@ -33,7 +36,10 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--parent-gib", type=float, default=0.0, help="resident memory the caller holds meanwhile")
     args = ap.parse_args()
+    ballast = bytearray(int(args.parent_gib * 2**30))  # zero-filled by the allocator: every page touched below
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))
     layers = available_layers()
     rows = {"audit hook + limits": frozenset(), f"+ kernel ({', '.join(sorted(layers)) or 'none offered'})": layers}
     rate(4, args.workers, layers)  # warm the page cache
@@ -42,6 +48,7 @@ def main() -> None:
         for name, chosen in rows.items():
             rates[name].append(rate(args.programs, args.workers, chosen))
     base = sum(rates["audit hook + limits"]) / args.rounds
+    print(f"caller holds {len(ballast) / 2**30:.1f} GiB")
     print(f"| sandbox | programs/s ({args.rounds} rounds of {args.programs}, {args.workers} workers) | vs hook alone |")
     print("|---|---|---|")
     for name, rs in rates.items():

@@ -1,4 +1,4 @@
-"""Kernel-enforced confinement for the sandbox's child process, applied between fork and exec.
+"""Kernel-enforced confinement for the sandbox's child, applied by a launcher to itself before it execs the program.
 
 The sandbox's audit hook lives in the same interpreter as the program it watches, so a program that finds a way
 around it (Python's docs say plainly that audit hooks are no sandbox) would have the host. These layers are the
@@ -24,22 +24,30 @@ resource limits remain. No maintained Python binding covers Landlock's network a
 package handles files only), so the three syscalls are called through ctypes here; the seccomp filter is a short
 BPF program, written out here rather than taking libseccomp on as a system dependency.
 
+The layers are applied by a launcher (``confined_argv``): a fresh interpreter, which confines itself and then execs
+the program. Applied between fork and exec in a child of the caller (``preexec_fn``), they ran Python code in a copy
+of a process with threads (torch's, the sandbox's pool), which Python's docs warn may deadlock; and that fork copied
+the caller's page tables, so a caller holding 4 GiB started programs ten times slower. Without ``preexec_fn``,
+``subprocess`` starts the launcher with vfork, at a cost that does not grow with the caller.
+
 Example:
     >>> sorted(available_layers())                                  # doctest: +SKIP
     ['landlock', 'namespaces', 'seccomp', 'tmpfs']
+    >>> subprocess.run(confined_argv([interpreter(), "-I", "-S", "-c", "print(6 * 7)"], system_read_roots(), box,
+    ...                              available_layers()), cwd=box, env={}, start_new_session=True)  # doctest: +SKIP
 """
 from __future__ import annotations
 
+# the launcher runs this file for every program it starts: only modules quick to import here (dataclasses, json,
+# subprocess and tempfile took 20 ms of each start); the parent's probe imports what it needs itself
+import collections
 import ctypes
 import errno
 import functools
 import os
-import platform
+import resource
 import struct
-import subprocess
 import sys
-import tempfile
-from dataclasses import dataclass
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -65,14 +73,9 @@ _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 # seccomp, by machine (numbers from 424 on are the same on every architecture)
-@dataclass(frozen=True)
-class _Syscalls:
-    arch: int  # the audit arch seccomp_data carries
-    clone: int
-    clone3: int
-    refused: tuple[int, ...]  # outright
-    signalling: tuple[int, ...]  # kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo: towards itself only
-    ioctl: int
+# arch: the audit arch seccomp_data carries; refused: outright; signalling: kill, tkill, tgkill, rt_sigqueueinfo,
+# rt_tgsigqueueinfo, allowed towards itself only
+_Syscalls = collections.namedtuple("_Syscalls", "arch clone clone3 refused signalling ioctl")
 
 
 # refused outright on every machine: the metadata setters numbered alike everywhere (fchmodat2, setxattrat,
@@ -161,7 +164,7 @@ def _no_new_processes() -> None:
     another process, and a signal to any process but the program's own. clone3 reports ENOSYS, so the C library
     falls back to clone, whose flags a filter can read (clone3's sit behind a pointer). A call from another ABI (a
     64-bit process can still make 32-bit or x32 calls with other numbers) is refused outright."""
-    calls = _SECCOMP[platform.machine()]
+    calls = _SECCOMP[os.uname().machine]
     own_pid = os.getpid()  # the child's, kept across exec; a pid of 0 is its own process group (it called setsid)
     deny, allow = _RET_ERRNO | errno.EPERM, _RET_ALLOW
     code = [(_LD_ABS_W, 0, 0, 4), (_JEQ, 1, 0, calls.arch), (_RET, 0, 0, deny),  # seccomp_data.arch
@@ -203,7 +206,7 @@ def _own_tmpfs(write_root: str, uid: int, gid: int) -> None:
 
 
 def confine(read_roots: list[str], write_root: str, layers: frozenset[str]) -> None:
-    """Apply ``layers`` to the calling process: call it in the child between fork and exec (``preexec_fn``)."""
+    """Apply ``layers`` to the calling process, irrevocably; ``confined_argv``'s launcher calls it before exec."""
     uid, gid = os.getuid(), os.getgid()  # read before unsharing: unmapped, they read 65534 after
     flags = ((_CLONE_NEWUSER | _CLONE_NEWNET) * ("namespaces" in layers)
              | (_CLONE_NEWUSER | _CLONE_NEWNS) * ("tmpfs" in layers))
@@ -223,15 +226,18 @@ def available_layers() -> frozenset[str]:
     file in its directory."""
     if sys.platform != "linux":
         return frozenset()
-    layers, read_roots = set(), system_read_roots()  # listed here, not between fork and exec
+    import subprocess  # here, not at the top: see the imports
+    import tempfile
+
+    layers, read_roots = set(), system_read_roots()
     candidates = (["namespaces", "tmpfs"] + ["landlock"] * (landlock_abi() >= 1)
-                  + ["seccomp"] * (platform.machine() in _SECCOMP))
+                  + ["seccomp"] * (os.uname().machine in _SECCOMP))
     for layer in candidates:
         with tempfile.TemporaryDirectory(prefix="posttrain-probe-") as box:
             try:
-                subprocess.run([interpreter(), "-I", "-S", "-c", "open('probe', 'w').close()"], check=True,
-                               capture_output=True, timeout=60, cwd=box,
-                               preexec_fn=lambda layer=layer, box=box: confine(read_roots, box, frozenset([layer])))
+                subprocess.run(confined_argv([interpreter(), "-I", "-S", "-c", "open('probe', 'w').close()"],
+                                             read_roots, box, frozenset([layer])),
+                               check=True, capture_output=True, timeout=60, cwd=box, env={})
                 layers.add(layer)
             except (subprocess.SubprocessError, OSError):
                 pass
@@ -250,3 +256,33 @@ def system_read_roots() -> list[str]:
     roots = {sys.base_prefix, sys.base_exec_prefix, exe_home, "/lib", "/lib64", "/usr/lib", "/usr/lib64",
              "/usr/local/lib", "/etc/ld.so.cache"}
     return sorted(r for r in roots if r and os.path.exists(r))
+
+
+def confined_argv(argv: list[str], read_roots: list[str], write_root: str, layers: frozenset[str],
+                  rlimits: dict[str, int] | None = None) -> list[str]:
+    """The command that runs ``argv`` under ``layers`` and then the resource ``rlimits`` (name -> soft and hard
+    limit, as ``{"RLIMIT_CPU": 2}``): a launcher that applies them to itself and execs ``argv[0]``. If it cannot, it
+    exits 1 with the reason as its last line of stderr, and ``argv`` never runs. Start it with ``start_new_session``
+    for a process group of its own: the launcher keeps its pid across exec."""
+    limits = ",".join(f"{name}={limit}" for name, limit in (rlimits or {}).items())
+    # -I -S: this file imports the standard library only, and nothing from the caller's environment or site
+    return [interpreter(), "-I", "-S", os.path.abspath(__file__), write_root, ",".join(sorted(layers)), limits,
+            str(len(read_roots)), *read_roots, *argv]
+
+
+def _launch(args: list[str]) -> None:
+    """``confined_argv``'s launcher: its arguments as that function lays them out."""
+    write_root, layers, limits, n_roots = args[:4]
+    read_roots, argv = args[4:4 + int(n_roots)], args[4 + int(n_roots):]
+    # confined before it is limited: confinement opens files and maps memory that the limits may not leave room for
+    confine(read_roots, write_root, frozenset(filter(None, layers.split(","))))
+    for name, limit in (item.split("=") for item in filter(None, limits.split(","))):
+        resource.setrlimit(getattr(resource, name), (int(limit), int(limit)))
+    os.execv(argv[0], argv)
+
+
+if __name__ == "__main__":
+    try:
+        _launch(sys.argv[1:])
+    except Exception as e:  # exec failed or a layer could not be applied: the reason, as the program's error line
+        sys.exit(f"confinement: {type(e).__name__}: {e}")

@@ -4,11 +4,11 @@ Layers, each closing a different hole:
 - a fresh interpreter (``python -I -S``) in an empty temporary directory, with an empty environment,
   so no secret in the parent's environment is visible;
 - kernel resource limits set before exec: CPU seconds, address space, file size, open files;
-- kernel confinement set before exec (``posttrain.confinement``, where the kernel offers it): no network, no
-  capability on the host, Landlock's file rules (read the Python install and system libraries, write only the
-  temporary directory), no socket, no signal to a process outside the sandbox, no fork, no change to a file's
-  metadata or inode flags, and the directory a tmpfs of 16 MiB of its own. These hold even against a program that gets around the audit hook
-  below;
+- kernel confinement set before exec, by a launcher process (``posttrain.confinement``, where the kernel offers
+  it): no network, no capability on the host, Landlock's file rules (read the Python install and system libraries,
+  write only the temporary directory), no socket, no signal to a process outside the sandbox, no fork, no change to
+  a file's metadata or inode flags, and the directory a tmpfs of 16 MiB of its own. These hold even against a
+  program that gets around the audit hook below;
 - a wall-clock timeout enforced by the parent, which kills the child's whole process group;
 - a Python audit hook installed before the program runs (it cannot be removed afterwards, and its settings live
   in a closure the program cannot reach) that refuses sockets, subprocesses, forks, signals, ctypes, raised resource
@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -40,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.confinement import available_layers, confine, interpreter, system_read_roots
+from posttrain.confinement import available_layers, confined_argv, interpreter, system_read_roots
 
 _BOOTSTRAP = r"""
 def _install_hook():
@@ -169,24 +168,12 @@ def sandbox_limits(cfg) -> SandboxLimits:
     return SandboxLimits(cfg.cpu_seconds, cfg.wall_seconds, cfg.memory_mb)
 
 
-def _limit_child(limits: SandboxLimits, box: str, program: str):
-    # probed and listed here, in the parent: between fork and exec the child only applies them
-    layers, read_roots = available_layers(), system_read_roots() + [program]
-
-    def apply() -> None:
-        os.setsid()  # own process group, so a timeout kills everything it started
-        # confined before it is limited: until exec the child is a copy of the caller, whose open descriptors (Ray,
-        # MLflow, torch hold hundreds) and address space are far past the limits below, so with them in force
-        # confine() could open no file (EMFILE) and allocate nothing, and no program ran at all
-        confine(read_roots, box, layers)
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
-        mem = limits.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, 1024 * 1024))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+def _confined_command(limits: SandboxLimits, box: str, program: str) -> list[str]:
+    mem = limits.memory_mb * 1024 * 1024
+    rlimits = {"RLIMIT_CPU": limits.cpu_seconds, "RLIMIT_AS": mem, "RLIMIT_FSIZE": 1024 * 1024,
+               "RLIMIT_NOFILE": 64, "RLIMIT_CORE": 0}
+    return confined_argv([interpreter(), "-I", "-S", "-c", _BOOTSTRAP], system_read_roots() + [program], box,
+                         available_layers(), rlimits)
 
 
 def _read_capped(proc: subprocess.Popen, limits: SandboxLimits) -> tuple[bytes, bytes, str | None]:
@@ -261,10 +248,10 @@ def run_program(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRe
         os.mkdir(box)
         # a lone surrogate in the text is kept, for the child to fail on, not raised here
         Path(program).write_text(code, encoding="utf-8", errors="surrogatepass")
+        # a session of its own, so that a timeout kills everything it started
         with subprocess.Popen(
-            [interpreter(), "-I", "-S", "-c", _BOOTSTRAP],
-            cwd=box, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_limit_child(limits, box, program),
+            _confined_command(limits, box, program), cwd=box, env={}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         ) as proc:
             out, err, stopped = _read_capped(proc, limits)
             if stopped:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from posttrain import sandbox
-from posttrain.confinement import available_layers, confine, interpreter, system_read_roots
+from posttrain.confinement import available_layers, confined_argv, interpreter, system_read_roots
 from posttrain.sandbox import SandboxLimits, run_program, run_programs
 
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3.0, memory_mb=128)
@@ -332,9 +332,28 @@ def test_each_kernel_layer_holds_without_the_audit_hook(layer, tmp_path):
         unix_server.bind(str(outside / "host.sock"))
         unix_server.listen()
         args = [str(outside), str(server.getsockname()[1]), str(os.getpid()), str(outside / "host.sock")]
-        out = subprocess.run([interpreter(), "-I", "-S", "-c", KERNEL_PROBES, *args], cwd=box, env={},
-                             capture_output=True, text=True, timeout=60,
-                             preexec_fn=lambda: confine(system_read_roots(), str(box), frozenset([layer])))
+        out = subprocess.run(confined_argv([interpreter(), "-I", "-S", "-c", KERNEL_PROBES, *args],
+                                           system_read_roots(), str(box), frozenset([layer])),
+                             cwd=box, env={}, capture_output=True, text=True, timeout=60, start_new_session=True)
     seen = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
     assert {k for k, v in seen.items() if v == "refused"} == REFUSED_BY[layer], out.stdout + out.stderr
     assert (box / "inside.txt").exists() == (layer != "tmpfs")  # a tmpfs's files are gone with the child
+
+
+def test_a_limit_that_cannot_be_set_is_an_error_result_and_the_program_never_runs(monkeypatch, tmp_path):
+    # the launcher confines and limits itself before exec: where it cannot, it exits with the reason instead of
+    # running the program unconfined, and the caller gets a result, not an exception
+    monkeypatch.setattr(sandbox, "confined_argv", lambda argv, roots, box, layers, rlimits: confined_argv(
+        argv, roots, box, layers, {**rlimits, "RLIMIT_NO_SUCH_LIMIT": 1}))
+    marker = tmp_path / "ran"
+    r = run_program(f"open({str(marker)!r}, 'w').close()", FAST)
+    assert not r.ok and r.reason == ("error: confinement: AttributeError: module 'resource' has no attribute "
+                                     "'RLIMIT_NO_SUCH_LIMIT'"), r
+    assert not marker.exists()
+
+
+def test_the_limits_hold_in_the_program_itself():
+    # set by the launcher before exec: the program's own interpreter reports them
+    r = run_program("import resource\nprint([resource.getrlimit(getattr(resource, n))[0] for n in "
+                    "('RLIMIT_CPU', 'RLIMIT_AS', 'RLIMIT_NOFILE')])", FAST)
+    assert r.ok and r.stdout == f"[{FAST.cpu_seconds}, {FAST.memory_mb * 2**20}, 64]\n", r
