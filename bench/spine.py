@@ -83,7 +83,7 @@ def untrained_accuracy(repo: Path, n: int) -> dict:
     """The base (untrained) model evaluated like the warm-up model, on the first n test questions."""
     code = (
         "import json, sys; from posttrain.params import load_params\n"
-        "from posttrain.evaluation import summarize\n"
+        "from posttrain.accuracy_summary import summarize\n"
         "from posttrain.sharded_evaluation import answer_in_formats\n"
         "from stages.evaluate import resolve_formats\n"
         "p = load_params(); recs = [json.loads(l) for l in open('data/prepared/test.jsonl')][:int(sys.argv[1])]\n"

@@ -29,7 +29,7 @@ import mlflow  # noqa: E402
 import networkx as nx  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from posttrain.evaluation import SYSTEM_ORDER, own_choice  # noqa: E402
+from posttrain.accuracy_summary import SYSTEM_ORDER, own_choice  # noqa: E402
 from posttrain.params import ParamsError, load_params, with_overrides  # noqa: E402
 from posttrain.tracking import (PARENT_ENV, close_interrupted_runs, configure, git_state,  # noqa: E402
                                 process_tags)

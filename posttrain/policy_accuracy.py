@@ -15,8 +15,9 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
+from posttrain.accuracy_summary import summarize
 from posttrain.atomic import atomic_write_json
-from posttrain.evaluation import OWN_CHOICE, score_responses, summarize
+from posttrain.evaluation import OWN_CHOICE, score_responses
 from posttrain.generation import HFGenerator
 from posttrain.modeling import load_pretrained
 from posttrain.sandbox import sandbox_limits

@@ -22,10 +22,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import mlflow
+from posttrain.accuracy_summary import OWN_CHOICE, own_choice, summarize
 from posttrain.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from posttrain.checkpoints import claim_checkpoint_dir, result_params
 from posttrain.errors import stage_main
-from posttrain.evaluation import OWN_CHOICE, own_choice, summarize
 from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.params_schema import EvaluateParams

@@ -23,7 +23,7 @@ from posttrain.atomic import atomic_dir, atomic_write_text  # noqa: E402
 from posttrain.curves import CURVE_DIR  # noqa: E402
 from posttrain.curves import read_curve  # noqa: E402
 from posttrain.errors import stage_main  # noqa: E402
-from posttrain.evaluation import SYSTEM_ORDER, own_choice  # noqa: E402
+from posttrain.accuracy_summary import SYSTEM_ORDER, own_choice  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from posttrain.evaluation import own_choice, summarize
+from posttrain.accuracy_summary import own_choice, summarize
 from posttrain.params import ParamsError
 from posttrain.trajectories import TRAJECTORIES
 
