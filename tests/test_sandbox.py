@@ -173,11 +173,12 @@ def test_a_refused_module_under_another_dotted_name_is_refused(kernel, monkeypat
     assert not r.ok and "import x._posixsubprocess is not allowed" in r.reason, r
 
 
-def test_what_a_program_left_undeletable_is_a_warning_not_an_error(monkeypatch):
+def test_what_a_program_left_undeletable_is_a_warning_not_an_error(monkeypatch, tmp_path):
     def refuse(root):
         raise PermissionError(1, "Operation not permitted", root)  # as for a file the program made immutable
 
     monkeypatch.setattr(sandbox, "_remove_tree", refuse)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # what it leaves goes with pytest's directory, not /tmp
     with pytest.warns(RuntimeWarning, match="could not remove"):
         r = run_program("print(6 * 7)", FAST)
     assert r.ok and r.stdout == "42\n"
