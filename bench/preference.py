@@ -169,13 +169,18 @@ def run() -> None:
             g, var = model.score(triples, cfg.eval_batch_size)
             metrics, _ = benchmark_report(bench, g, var, cfg.uncertainty_lambda, margins, cfg.uncertainty_score)
             metrics.update(routing_figures(bench, g, model.uncertainty(g, var)))
-            report["retrained " + name] = {k: metrics[k] for k in KEYS}
+            # which pairs it learnt from: a variant file is read beside the seppo_sample run that wrote them
+            report["retrained " + name] = {k: metrics[k] for k in KEYS} | {"training_pairs": len(pairs),
+                                                                             "training_tie_pairs": len(ties)}
             reduces["retrained " + name] = order_reduce(model, decisive, cfg.eval_batch_size)
     print(f"benchmark: {stage['n_decisive']} decisive pairs, {stage['n_tie']} tie pairs\n")
     width = max(map(len, report)) + 2
     print(f"{'':{width}}" + "".join(f"{k.replace('accuracy', 'acc').replace('uncertainty', 'u')[:14]:>15}" for k in KEYS))
     for name, row in report.items():
         print(f"{name:{width}}" + "".join(f"{row[k]:15.3f}" if row[k] is not None else f"{'-':>15}" for k in KEYS))
+    for name, row in report.items():
+        if "training_pairs" in row:
+            print(f"{name}: trained on {row['training_pairs']} pairs and {row['training_tie_pairs']} tie pairs")
     print("\nPM accuracy by uncertainty decile (1 = most certain):")
     print("  " + "  ".join(f"{d['decile']}:{d['accuracy']:.2f}" for d in deciles))
     print(f"\ntie pairs: mean |p - 0.5| = {stage['tie_mean_abs_p_minus_half']}, mean u on ties "
