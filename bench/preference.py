@@ -11,6 +11,8 @@ two orders' mean variance (``PreferenceModel.score``): how far apart they are an
     python3 bench/preference.py --estimators ensemble --save-dir models/rm_variants   # keeps each retrained PM
                                                      # (for bench/routing_online.py --pm models/rm_variants/...)
     python3 bench/preference.py --estimators sngp ensemble --seed 1                   # another training seed
+    python3 bench/preference.py --variant tie_share=0.25 --balance-forms              # pairs balanced by form
+                                                     # (posttrain.form_balance)
     python3 bench/preference.py --samples reports/bench/routing_online_draw0_samples.json   # u_ij on the policy's
                                                      # own pairs too (a draw bench/routing_online.py --samples kept)
 
@@ -29,6 +31,7 @@ import torch
 
 from posttrain.params import load_params, read_yaml
 from posttrain.tracking import bench_run
+from posttrain.form_balance import balance_solution_forms
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import train_preference_model
 from posttrain.jsonl import read_jsonl
@@ -129,6 +132,9 @@ def run() -> None:
     ap.add_argument("--save-dir", type=Path, default=None,
                     help="save each retrained PM here, in a folder named after its variant")
     ap.add_argument("--seed", type=int, default=None, help="training seed of the retrained PMs (default: params seed)")
+    ap.add_argument("--balance-forms", action="store_true",
+                    help="retrain on the pairs balanced by solution form (as many pot-over-cot pairs as cot-over-pot: "
+                         "posttrain.form_balance)")
     ap.add_argument("--samples", type=Path, nargs="*", default=[],
                     help="draws kept by bench/routing_online.py --samples: compare the two u_ij there too")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -157,13 +163,19 @@ def run() -> None:
     variants = [{"estimator": e} for e in args.estimators] + args.variant
     if variants:
         pairs, ties = read_jsonl(PAIRS), read_jsonl(TIES)
+        seed = params.seed if args.seed is None else args.seed
+        if args.balance_forms:
+            print(f"balanced by solution form: {len(pairs)} pairs -> ", end="")
+            pairs = balance_solution_forms(pairs, seed)
+            print(len(pairs))
         margins = [s["pointwise_margin"] for s in stage_scores]
         for update in variants:
             cfg = params.train_rm.model_validate({**params.train_rm.model_dump(), **update})  # validated like params
             with tempfile.TemporaryDirectory() as ckpt:
                 model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS, TIES],
-                                               seed=params.seed if args.seed is None else args.seed, ties=ties)
+                                               seed=seed, ties=ties)
             name = ",".join(f"{k}={v}" for k, v in update.items()) + ("" if args.seed is None else f",seed={args.seed}")
+            name += ",balance_forms" * args.balance_forms
             if args.save_dir:
                 model.save_pretrained(args.save_dir / name.replace("=", "_").replace(",", "__"))
             g, var = model.score(triples, cfg.eval_batch_size)

@@ -126,16 +126,17 @@ def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
 
 
 def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: str, splits: dict,
-            workdir: Path, unrouted: str = "pm") -> dict:
+            workdir: Path, unrouted: str = "pm", reward_cls=None) -> dict:
     """Train with one routing policy and seed, routed by the PM in ``pm_dir``, the pairs the judge does not see
-    scored by ``unrouted``; test accuracy and judge cost."""
+    scored by ``unrouted``; test accuracy and judge cost. ``reward_cls`` replaces the reward class ``unrouted``
+    picks (bench/pm_drift.py watches the reward with it); its ``summary()`` joins the result."""
     pm = PreferenceModel.from_pretrained(pm_dir)
     cfg = params.rlhf.model_copy(update={"routing": routing, "max_steps": steps})
     run_params = params.model_copy(update={"rlhf": cfg})
     ledger = CostLedger(params.judge.price_in_per_1k, params.judge.price_out_per_1k)
     start = time.perf_counter()
     with closing(JudgeClient(params.judge, base_url, JudgeCache(workdir / "judge.sqlite"), ledger)) as client:
-        reward_cls = ExpectedVerdictReward if unrouted == "expected_verdict" else RoutedPairwiseReward
+        reward_cls = reward_cls or (ExpectedVerdictReward if unrouted == "expected_verdict" else RoutedPairwiseReward)
         reward = reward_cls(pm, client, cfg, seed, params.sandbox)
         dev_cb = train_routed_policy(POLICY, reward, splits["train"], splits["dev"], run_params,
                                      str(workdir / "policy"), workdir / "checkpoints", key_files=[Path(pm_dir)],

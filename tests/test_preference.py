@@ -7,6 +7,7 @@ import torch
 from datasets import Dataset
 from trl import DPOConfig, DPOTrainer
 
+from posttrain.form_balance import balance_solution_forms, solution_form
 from posttrain.calibration import accuracy_by_decile, expected_calibration_error, pair_correct, spearman
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, tie_pairs, training_pairs
@@ -296,6 +297,20 @@ def test_training_pairs_follow_the_chosen_label():
     assert {(p["chosen"], p["rejected"]) for p in training_pairs(failed, "verifier")} == {("right", "wrong"),
                                                                                      ("right", "ANCHOR")}
     assert not [t for t in tie_pairs(failed, "verifier") if t["source"] == "anchor_vs_winner"]
+
+
+def test_pairs_balanced_by_form_keep_as_many_pot_over_cot_as_cot_over_pot_and_every_other_pair():
+    def pair(chosen, rejected, k):
+        return {"chosen": f" {chosen}\nsample {k}", "rejected": f" {rejected}\nsample {k}", "k": k}
+    pairs = ([pair("pot", "cot", k) for k in range(7)] + [pair("cot", "pot", k) for k in range(7, 10)]
+             + [pair("cot", "cot", 10), pair("decompose+pot", "pot", 11), pair("pot", "nonsense", 12)])
+    kept = balance_solution_forms(pairs, seed=0)
+    sides = [(solution_form(p["chosen"]), solution_form(p["rejected"])) for p in kept]
+    assert sides.count(("pot", "cot")) == sides.count(("cot", "pot")) == 3
+    assert {10, 11, 12, 7, 8, 9} <= {p["k"] for p in kept}  # the minority side and every one-form pair stay
+    assert [p["k"] for p in kept] == sorted(p["k"] for p in kept)  # in their order
+    assert [p["k"] for p in balance_solution_forms(pairs, seed=0)] == [p["k"] for p in kept]  # seeded
+    assert {p["k"] for p in balance_solution_forms(pairs, seed=1)} != {p["k"] for p in kept}
 
 
 def test_tie_pairs_join_samples_with_the_same_verdict_and_winners_with_their_anchor():
