@@ -3,7 +3,9 @@ Spearman(uncertainty, correct), accuracy by uncertainty decile, the routing curv
 (the judge, the verifier, is right on every decisive pair: accuracy with 5 / 10 / 20% of the pairs judged, the
 share of the PM -> judge gap closed at 10%, random routing's over 5 seeds beside it), and the PM's pairs/s.
 For each PM it also sets u_ij as METHODS.md writes it, the mean of the two orders' u, beside the stage's u of the
-two orders' mean variance (``PreferenceModel.score``): how far apart they are and what each routes.
+two orders' mean variance (``PreferenceModel.score``): how far apart they are and what each routes. And how far each
+PM scores the form rather than the answer (``posttrain.form_balance.form_bias``: on pairs of a pot and a cot response,
+its accuracy where the pot one is right and where the cot one is, and its pot side on ties).
 
     python3 bench/preference.py                      # after `dvc repro`: reads reports/metrics/train_rm.json
     python3 bench/preference.py --estimators sngp mc_dropout ensemble   # also retrains the PM with each
@@ -31,7 +33,7 @@ import torch
 
 from posttrain.params import load_params, read_yaml
 from posttrain.tracking import bench_run
-from posttrain.form_balance import balance_solution_forms
+from posttrain.form_balance import balance_solution_forms, form_bias
 from posttrain.preference_model import PreferenceModel
 from posttrain.preference_training import train_preference_model
 from posttrain.jsonl import read_jsonl
@@ -46,7 +48,7 @@ KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", 
         "accuracy_lowest_uncertainty_decile", "accuracy_highest_uncertainty_decile", "spearman_variance_correct",
         "accuracy_lowest_variance_decile", "accuracy_highest_variance_decile", "spearman_margin_correct",
         "tie_mean_abs_p_minus_half", "tie_mean_abs_p_raw_minus_half", "routed_5", "routed_10", "routed_20",
-        "gap_closed_10", "random_gap_closed_10")
+        "gap_closed_10", "random_gap_closed_10", "pm_accuracy_pot_right", "pm_accuracy_cot_right", "tie_pot_side_share")
 ROUTING_BUDGETS, RANDOM_SEEDS = [0.05, 0.1, 0.2], list(range(5))
 
 
@@ -152,7 +154,8 @@ def run() -> None:
     stage_scores = read_jsonl(Path("reports/rm/benchmark_scores.jsonl"))
     g, var = (torch.tensor([s[k] for s in stage_scores]) for k in ("g", "var"))
     report = {f"stage ({params.train_rm.estimator})": {
-        **{k: stage[k] for k in KEYS if k in stage}, **routing_figures(bench, g, pm.uncertainty(g, var))}}
+        **{k: stage[k] for k in KEYS if k in stage}, **routing_figures(bench, g, pm.uncertainty(g, var)),
+        **form_bias(bench, g.tolist())}}
     decisive = [p for p in bench if p["label"] != "tie"]
     reduces = {f"stage ({params.train_rm.estimator})": order_reduce(pm, decisive, params.train_rm.eval_batch_size)}
     for path in args.samples:  # the policy's own pairs, where rlhf_routed routes
@@ -180,7 +183,7 @@ def run() -> None:
                 model.save_pretrained(args.save_dir / name.replace("=", "_").replace(",", "__"))
             g, var = model.score(triples, cfg.eval_batch_size)
             metrics, _ = benchmark_report(bench, g, var, cfg.uncertainty_lambda, margins, cfg.uncertainty_score)
-            metrics.update(routing_figures(bench, g, model.uncertainty(g, var)))
+            metrics.update(routing_figures(bench, g, model.uncertainty(g, var)), **form_bias(bench, g.tolist()))
             # which pairs it learnt from: a variant file is read beside the seppo_sample run that wrote them
             report["retrained " + name] = {k: metrics[k] for k in KEYS} | {"training_pairs": len(pairs),
                                                                              "training_tie_pairs": len(ties)}

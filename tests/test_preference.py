@@ -7,7 +7,7 @@ import torch
 from datasets import Dataset
 from trl import DPOConfig, DPOTrainer
 
-from posttrain.form_balance import balance_solution_forms, solution_form
+from posttrain.form_balance import balance_solution_forms, form_bias, solution_form
 from posttrain.calibration import accuracy_by_decile, expected_calibration_error, pair_correct, spearman
 from posttrain.modeling import device_args, load_pretrained
 from posttrain.preference_data import benchmark_pairs, check_no_leakage, tie_pairs, training_pairs
@@ -311,6 +311,21 @@ def test_pairs_balanced_by_form_keep_as_many_pot_over_cot_as_cot_over_pot_and_ev
     assert [p["k"] for p in kept] == sorted(p["k"] for p in kept)  # in their order
     assert [p["k"] for p in balance_solution_forms(pairs, seed=0)] == [p["k"] for p in kept]  # seeded
     assert {p["k"] for p in balance_solution_forms(pairs, seed=1)} != {p["k"] for p in kept}
+
+
+def test_form_bias_tells_a_pm_that_reads_the_form_from_one_that_reads_the_answer():
+    pot, cot = " pot\nprint(5)", " cot\nAnswer: 5"
+    pairs = [{"a": pot, "b": cot, "label": "A"}, {"a": cot, "b": pot, "label": "B"},  # pot right
+             {"a": cot, "b": pot, "label": "A"}, {"a": pot, "b": cot, "label": "B"},  # cot right
+             {"a": pot, "b": cot, "label": "tie"}, {"a": cot, "b": pot, "label": "tie"},
+             {"a": pot, "b": pot, "label": "A"}]  # one form: not counted
+    by_form = [1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0]  # always the pot side
+    by_answer = [1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 1.0]
+    assert form_bias(pairs, by_form) == {"pm_accuracy_pot_right": 1.0, "n_pot_right": 2, "pm_accuracy_cot_right": 0.0,
+                                         "n_cot_right": 2, "tie_pot_side_share": 1.0, "n_tie_two_forms": 2}
+    fair = form_bias(pairs, by_answer)
+    assert fair["pm_accuracy_pot_right"] == fair["pm_accuracy_cot_right"] == 1.0
+    assert fair["tie_pot_side_share"] == 0.5
 
 
 def test_tie_pairs_join_samples_with_the_same_verdict_and_winners_with_their_anchor():
