@@ -10,8 +10,8 @@ nothing about which side wins.
 
 Measured, not adopted (stop 71, docs/results.md): trained on balanced pairs the PM loses the bias (cot right 0.83,
 pot side on ties 0.53) but also accuracy (0.739 against 0.794 on the benchmark, pot right 0.81), and PM-only RLHF
-from it falls further (0.608 against 0.689, seed 0). The form is a shortcut, but one that is right more often than
-the content the PM can read instead. So `train_rm` trains on the pairs as they come.
+from it falls further (0.608 and 0.581 against 0.689 and 0.671, seeds 0-1). The form is a shortcut, but one that
+is right more often than the content the PM can read instead. So `train_rm` trains on the pairs as they come.
 
 Example:
     >>> pairs = [{"chosen": " pot\\nprint(5)", "rejected": " cot\\nAnswer: 6"}] * 3 + \\
