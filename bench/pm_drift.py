@@ -32,12 +32,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from posttrain.form_balance import solution_form  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
 from posttrain.rlhf import RoutedPairwiseReward  # noqa: E402
 from posttrain.routing import upper_pairs  # noqa: E402
-from posttrain.trajectories import split_choice  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from held_out import held_out_questions  # noqa: E402
 from rlhf_downstream import ROUTINGS, one_run  # noqa: E402
@@ -77,7 +77,7 @@ class DiagnosedReward(RoutedPairwiseReward):
         for k, p in enumerate(prompts):
             groups[p].append(k)
         answers = self.final_answers(list(completions))
-        pot = [(split_choice(c)[0] is not None and split_choice(c)[0].solution == "pot") for c in completions]
+        pot = [solution_form(c) == "pot" for c in completions]
         # per difficulty: decisive pairs, PM on the right side, final reward on the right side
         decisive: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
         form_pairs = pm_prefers_pot = 0  # a pot and a cot response, both right or both wrong
