@@ -36,18 +36,17 @@ from posttrain.form_balance import solution_form  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from posttrain.judge_server import judge_endpoint  # noqa: E402
 from posttrain.params import load_params  # noqa: E402
-from posttrain.rlhf import RoutedPairwiseReward  # noqa: E402
 from posttrain.routing import upper_pairs  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
 from held_out import held_out_questions  # noqa: E402
-from rlhf_downstream import ROUTINGS, one_run  # noqa: E402
+from rlhf_downstream import ROUTINGS, AnswerMemoReward, one_run  # noqa: E402
 from results_files import join_results  # noqa: E402
 from stages.rlhf_routed import DATA, PM_DIR  # noqa: E402
 
 OUT = Path("reports/bench/pm_drift.json")
 
 
-class DiagnosedReward(RoutedPairwiseReward):
+class DiagnosedReward(AnswerMemoReward):
     """The routed reward, unchanged, with each step's PM scores kept and measured against the reference answers
     (``references``: question -> its training record). ``summary()`` carries the per-step figures (``diagnostics``)."""
 
@@ -55,20 +54,12 @@ class DiagnosedReward(RoutedPairwiseReward):
         super().__init__(*args, **kwargs)
         self.references = references
         self.pm_scores: dict[tuple[str, tuple[str, ...]], torch.Tensor] = {}
-        self.answer_of: dict[str, int | None] = {}
         self.steps: list[dict] = []
 
     def score_group(self, question: str, responses: list[str]):
         s, u, p = super().score_group(question, responses)
         self.pm_scores[(question, tuple(responses))] = s
         return s, u, p
-
-    def final_answers(self, texts: list[str]) -> list[int | None]:
-        # routing asked for them already (expected_gain, same_answer): the sandbox runs each program once
-        new = [t for t in dict.fromkeys(texts) if t not in self.answer_of]
-        if new:
-            self.answer_of.update(zip(new, super().final_answers(new)))
-        return [self.answer_of[t] for t in texts]
 
     def step_rewards(self, prompts, completions, question, log_metric=None) -> list[float]:
         self.pm_scores, self.answer_of = {}, {}

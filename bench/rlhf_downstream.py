@@ -50,23 +50,28 @@ ROUTINGS = ("uncertainty_budget", "random", "rm_only", "judge_only")
 BUDGETED = ("uncertainty_budget", "random")
 
 
-class ExpectedVerdictReward(RoutedPairwiseReward):
-    """``--unrouted expected_verdict``: a pair the judge does not see scores what the judge is expected to say
-    about it, 2 d_ij (2 q_ij - 1), in place of the PM's logit s_ij: d_ij the chance the pair is decisive at all and
-    q_ij the chance i is its right side, the estimates expected_gain routing already ranks by (the PM's calibrated
-    odds times the self-consistency odds of the prompt's final answers; ``posttrain.routing``). Two responses with
-    the same final answer score 0, as the judge's tie; one with no answer loses to one with an answer. No reference
-    answer is read: the final answers come from the responses (pot programs run in the sandbox)."""
+class AnswerMemoReward(RoutedPairwiseReward):
+    """The routed reward with each response's final answer found once: routing (expected_gain, same_answer) and a
+    subclass's own use ask for the same answers again, and a pot answer costs a sandbox run."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.answer_of: dict[str, int | None] = {}  # the step's routing asks for the same answers again
+        self.answer_of: dict[str, int | None] = {}
 
     def final_answers(self, texts: list[str]) -> list[int | None]:
         new = [t for t in dict.fromkeys(texts) if t not in self.answer_of]
         if new:
             self.answer_of.update(zip(new, super().final_answers(new)))
         return [self.answer_of[t] for t in texts]
+
+
+class ExpectedVerdictReward(AnswerMemoReward):
+    """``--unrouted expected_verdict``: a pair the judge does not see scores what the judge is expected to say
+    about it, 2 d_ij (2 q_ij - 1), in place of the PM's logit s_ij: d_ij the chance the pair is decisive at all and
+    q_ij the chance i is its right side, the estimates expected_gain routing already ranks by (the PM's calibrated
+    odds times the self-consistency odds of the prompt's final answers; ``posttrain.routing``). Two responses with
+    the same final answer score 0, as the judge's tie; one with no answer loses to one with an answer. No reference
+    answer is read: the final answers come from the responses (pot programs run in the sandbox)."""
 
     def score_group(self, question: str, responses: list[str]):
         s, u, p = super().score_group(question, responses)
