@@ -88,14 +88,20 @@ def plot(runs: list[dict], path: Path) -> None:
         axes[0].plot([p["responses"] for p in c], [p["test_accuracy"] for p in c], **kw)
         axes[1].plot([p["tokens"] for p in c], [p["test_accuracy"] for p in c], **kw)
     for name, color in colors.items():
-        # per step the share jumps in 1/8ths: the mean over seeds and a moving mean over steps show the trend
-        per_seed = [[p["zero_advantage_share"] for p in r["steps"]] for r in runs if variant(r) == name]
-        z = [statistics.fmean(col) for col in zip(*per_seed)]
-        smooth = [statistics.fmean(z[max(0, j - window + 1):j + 1]) for j in range(len(z))]
-        axes[2].plot(range(1, len(z) + 1), smooth, color=color, label=f"{name} ({len(per_seed)} seeds)")
+        # per step the share jumps in 1/8ths: the mean over seeds and a moving mean over steps show the trend; dashed,
+        # its unsolved part (runs that recorded it): the groups AR3PO's reuse is there to give an advantage
+        for key, style, label in (("zero_advantage_share", "-", ""),
+                                  ("zero_advantage_unsolved_share", "--", ": unsolved")):
+            per_seed = [[p[key] for p in r["steps"]] for r in runs if variant(r) == name and key in r["steps"][0]]
+            if not per_seed:
+                continue
+            z = [statistics.fmean(col) for col in zip(*per_seed)]
+            smooth = [statistics.fmean(z[max(0, j - window + 1):j + 1]) for j in range(len(z))]
+            axes[2].plot(range(1, len(z) + 1), smooth, color=color, linestyle=style,
+                         label=f"{name}{label} ({len(per_seed)} seeds)")
     axes[0].set(xlabel="cumulative generated responses", ylabel="test accuracy (own choice, greedy)")
     axes[1].set(xlabel="cumulative generated tokens", ylabel="test accuracy")
-    axes[2].set(xlabel="step", ylabel=f"zero-advantage share of prompts ({window}-step mean)")
+    axes[2].set(xlabel="step", ylabel=f"zero-advantage share of prompts ({window}-step mean; dashed: unsolved)")
     axes[2].legend(fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -123,14 +129,27 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     curve += [{"step": s, "test_accuracy": a, **{k: cost[s][k] for k in cost_keys}}
               for s, a in dev_cb.history if s in cost]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
-    steps = [{"step": c["step"], "zero_advantage_share": c["zero_advantage_share"]} for c in trainer.curve]
+    shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
+    steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed,
             "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
+            "zero_advantage_unsolved_share": totals["zero_advantage_unsolved_prompts"] / max(totals["prompts"], 1),
+            "signal_share": totals["signal_responses"] / max(totals["responses"], 1),
             "generation_tokens_per_s": totals["tokens"] / max(gen_s, 1e-9),
             "generation_share": gen_s / max(gen_s + train_s, 1e-9), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def census(runs: list[dict]) -> str:
+    """The zero-advantage share's unsolved part and the share of generated responses with an advantage, over the
+    runs that recorded them (runs made before they were counted did not)."""
+    rs = [r for r in runs if "signal_share" in r]
+    if not rs:
+        return ""
+    return (f" ({statistics.mean(r['zero_advantage_unsolved_share'] for r in rs):.2f} unsolved), signal share "
+            f"{statistics.mean(r['signal_share'] for r in rs):.2f} ({len(rs)} of {len(runs)} runs)")
 
 
 def summarize(sft: dict, runs: list[dict]) -> None:
@@ -148,7 +167,7 @@ def summarize(sft: dict, runs: list[dict]) -> None:
               f"{[r['seed'] for r in rs]} (gain over SFT {statistics.mean(accs) - sft['accuracy']:+.3f}); responses "
               f"{statistics.mean(r['totals']['responses'] for r in rs):.0f} "
               f"({statistics.mean(r['responses_per_prompt'] for r in rs):.2f}/prompt); zero-advantage share "
-              f"{statistics.mean(r['zero_advantage_share'] for r in rs):.2f}; buffer hits "
+              f"{statistics.mean(r['zero_advantage_share'] for r in rs):.2f}{census(rs)}; buffer hits "
               f"{statistics.mean(r['totals'].get('buffer_hits', 0) for r in rs):.0f}; by difficulty "
               + " ".join(f"d{d} {statistics.mean(a):.2f}±{statistics.pstdev(a):.2f}" for d, a in by_d.items()))
     baselines = [name for name in variants if not name.startswith("ar3po")]

@@ -22,9 +22,10 @@ runs the same schedule on the same responses: one replay buffer, one DAPO prompt
 same number of generation calls of the same size on every rank (which TRL's gathers and ZeRO-3 require). Each
 process then trains on its share of the groups, with the loss normalised by the whole step's token count.
 
-Rollout cost per step and cumulative (responses, tokens, generation vs training seconds, zero-advantage
-share, responses per prompt by difficulty, buffer hits) goes to TRL's logs, hence MLflow. The replay buffer,
-the prompt sampler's state and the running totals are saved in every checkpoint (``rollout_state.json``).
+Rollout cost per step and cumulative (responses, tokens, generation vs training seconds, zero-advantage share
+and its unsolved part, the share of generated responses with an advantage, responses per prompt by difficulty,
+buffer hits) goes to TRL's logs, hence MLflow. The replay buffer, the prompt sampler's state and the running
+totals are saved in every checkpoint (``rollout_state.json``).
 
 Example:
     >>> trainer = RLVRTrainer(model="models/sft", reward_funcs=VerifierReward(records, limits),   # doctest: +SKIP
@@ -55,7 +56,8 @@ from posttrain.grpo_config import CredentialFreeGRPOConfig
 from posttrain.modeling import device_args
 from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.rng_state import rng_state, set_rng_state
-from posttrain.rollout import ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout, group_advantages
+from posttrain.rollout import (AdvantageCensus, ReplayBuffer, Response, adaptive_rollout, advantages_by_group,
+                               dynamic_sampling, fixed_rollout)
 from posttrain.task.arithmetic import Problem
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
@@ -64,6 +66,7 @@ from posttrain.vllm_sync import sync_through_reload
 ROLLOUT_STATE = "rollout_state.json"
 # per step into the curve file: what RL optimises and what its rollouts cost, cumulative and per step
 RLVR_CURVE = ["loss", "kl", "rollout/reward_mean", "rollout/solved_share", "rollout/zero_advantage_share",
+              "rollout/zero_advantage_unsolved_share", "rollout/signal_share",
               "rollout/responses", "rollout/total_responses", "rollout/total_tokens", "rollout/buffer_hits"]
 
 
@@ -198,11 +201,7 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         self._generation_seconds = time.perf_counter() - start
 
         # advantages over each whole group; only generated responses go into the batch (reused: baseline only)
-        rows_by_group, zero_adv = [], 0
-        for rs in groups.values():
-            adv = group_advantages([r.reward for r in rs])
-            zero_adv += all(a == 0 for a in adv)
-            rows_by_group.append([(r, a) for r, a in zip(rs, adv) if not r.reused])
+        rows_by_group, census = advantages_by_group(groups)
         # this process trains on its share of the groups; TRL's loss divides by the whole step's completion tokens
         world, rank, n = self.accelerator.num_processes, self.accelerator.process_index, len(rows_by_group)
         shares = [[row for group in rows_by_group[i * n // world:(i + 1) * n // world] for row in group]
@@ -239,18 +238,27 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
                           importance_sampling_ratio=vllm_importance_ratio(
                               trainer_logps, sampling_logps, completion_mask, self.vllm_importance_sampling_mode,
                               self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max))
-        self._log_rollout(groups, stats, zero_adv)
+        self._log_rollout(groups, stats, census)
         return output
 
     # --- accounting ------------------------------------------------------------------------------------------
-    def _log_rollout(self, groups: dict[str, list[Response]], stats, zero_adv: int) -> None:
+    def _log_rollout(self, groups: dict[str, list[Response]], stats, census: AdvantageCensus) -> None:
         self.totals.update({"responses": stats.generated, "tokens": stats.tokens, "buffer_hits": stats.buffer_hits,
-                            "prompts": len(groups), "zero_advantage_prompts": zero_adv})
+                            "prompts": len(groups), "zero_advantage_prompts": census.zero_advantage,
+                            "zero_advantage_unsolved_prompts": census.zero_advantage_unsolved,
+                            "signal_responses": census.signal_responses})
         self.totals["generation_seconds"] += self._generation_seconds
+        shares = {  # a group without advantage is either unsolved (AR3PO's reuse targets those) or all correct;
+            # the signal share is what a generated response buys: DAPO's discarded groups and the responses in
+            # groups without advantage carry none
+            "zero_advantage_share": census.zero_advantage / max(len(groups), 1),
+            "zero_advantage_unsolved_share": census.zero_advantage_unsolved / max(len(groups), 1),
+            "signal_share": census.signal_responses / max(stats.generated, 1),
+        }
         metrics = {
             "rollout/responses": stats.generated, "rollout/tokens": stats.tokens, "rollout/rounds": stats.rounds,
             "rollout/responses_per_prompt": stats.generated / max(len(groups), 1),
-            "rollout/zero_advantage_share": zero_adv / max(len(groups), 1),
+            **{f"rollout/{k}": v for k, v in shares.items()},
             "rollout/buffer_hits": stats.buffer_hits, "rollout/buffer_size": len(self.buffer),
             # what RL optimises: the verifier's mean on every response this step generated (a buffered one is not
             # the policy's, and the incorrect one it replaced and DAPO's discarded groups were generated), and the
@@ -270,7 +278,7 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         for name, value in metrics.items():
             self._metrics["train"][name].append(float(value))
         self.curve.append({"step": self.state.global_step + 1, "responses": self.totals["responses"],
-                           "tokens": self.totals["tokens"], "zero_advantage_share": zero_adv / max(len(groups), 1),
+                           "tokens": self.totals["tokens"], **shares,
                            "reward_mean": metrics["rollout/reward_mean"], "solved_share": metrics["rollout/solved_share"]})
 
     def training_step(self, model, inputs, num_items_in_batch):

@@ -112,6 +112,40 @@ def group_advantages(rewards: list[float], eps: float = 1e-4) -> list[float]:
     return [0.0 if std == 0 else (r - mean) / (std + eps) for r in rewards]
 
 
+@dataclass
+class AdvantageCensus:
+    """Where one step's learning signal went. With 0/1 rewards a group either has equal rewards, and every advantage
+    in it is 0, or every response in it has a nonzero advantage."""
+
+    zero_advantage: int = 0  # groups whose rewards are all equal: the policy term gets no gradient from them
+    zero_advantage_unsolved: int = 0  # of those, groups without a correct response (the rest are all correct)
+    signal_responses: int = 0  # generated responses in the batch with a nonzero advantage
+
+
+def advantages_by_group(groups: dict[str, list[Response]]
+                        ) -> tuple[list[list[tuple[Response, float]]], AdvantageCensus]:
+    """Each group's generated responses with their advantage over the whole group (a reused response shapes the
+    baseline and is left out of the batch), and the census of which groups carry no advantage and why.
+
+    Example:
+        >>> right, wrong = Response("p", "a", 1.0, 3), Response("p", "b", 0.0, 3)
+        >>> old = Response("q", "c", 1.0, 3, reused=True)
+        >>> rows, census = advantages_by_group({"p": [right, right], "q": [wrong, old], "r": [wrong, wrong]})
+        >>> [len(g) for g in rows], census.zero_advantage, census.zero_advantage_unsolved, census.signal_responses
+        ([2, 1, 2], 2, 1, 1)
+    """
+    rows_by_group, census = [], AdvantageCensus()
+    for rs in groups.values():
+        adv = group_advantages([r.reward for r in rs])
+        rows = [(r, a) for r, a in zip(rs, adv) if not r.reused]
+        if all(a == 0 for a in adv):
+            census.zero_advantage += 1
+            census.zero_advantage_unsolved += not any(r.reward > 0 for r in rs)
+        census.signal_responses += sum(a != 0 for _, a in rows)
+        rows_by_group.append(rows)
+    return rows_by_group, census
+
+
 def fixed_rollout(prompts: list[str], n: int, sample: SampleFn) -> tuple[dict[str, list[Response]], RolloutStats]:
     """GRPO: n responses for every prompt."""
     stats = RolloutStats()

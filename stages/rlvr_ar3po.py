@@ -102,6 +102,10 @@ def main() -> None:
             "algo": cfg.algo, "sft_test": before, "rlvr_test": after, "rollout": totals,
             "responses_per_prompt": totals.get("responses", 0) / max(totals.get("prompts", 1), 1),
             "zero_advantage_share": totals.get("zero_advantage_prompts", 0) / max(totals.get("prompts", 1), 1),
+            # the part of it without a correct response: what AR3PO's reuse removes (the rest are all correct)
+            "zero_advantage_unsolved_share":
+                totals.get("zero_advantage_unsolved_prompts", 0) / max(totals.get("prompts", 1), 1),
+            "signal_share": totals.get("signal_responses", 0) / max(totals.get("responses", 1), 1),
             "generation_share": totals.get("generation_seconds", 0) / max(
                 totals.get("generation_seconds", 0) + totals.get("training_seconds", 0), 1e-9),
             "dev_curve": [{"step": s, "dev_accuracy": a, **cost.get(s, {})} for s, a in dev_cb.history],
@@ -109,11 +113,13 @@ def main() -> None:
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({"sft_test_accuracy": before["accuracy"], "rlvr_test_accuracy": after["accuracy"],
                             "responses_per_prompt": metrics["responses_per_prompt"],
-                            "zero_advantage_share": metrics["zero_advantage_share"],
+                            **{k: metrics[k] for k in ("zero_advantage_share", "zero_advantage_unsolved_share",
+                                                       "signal_share")},
                             **{f"total_{k}": v for k, v in totals.items()}})
         print(f"rlvr_ar3po ({cfg.algo}): test accuracy {before['accuracy']:.3f} (sft) -> {after['accuracy']:.3f}; "
               f"{totals.get('responses', 0)} responses ({metrics['responses_per_prompt']:.2f} per prompt), "
-              f"{totals.get('tokens', 0)} tokens, zero-advantage share {metrics['zero_advantage_share']:.2f}, "
+              f"{totals.get('tokens', 0)} tokens, zero-advantage share {metrics['zero_advantage_share']:.2f} "
+              f"({metrics['zero_advantage_unsolved_share']:.2f} unsolved), signal share {metrics['signal_share']:.2f}, "
               f"generation {metrics['generation_share']:.0%} of step time")
 
 

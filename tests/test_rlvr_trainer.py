@@ -172,6 +172,9 @@ def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, alg
     assert resumed.prompt_rng.getstate() == trainer.prompt_rng.getstate()
     assert trainer.curve[-1]["responses"] == trainer.totals["responses"]
     assert trainer.totals["zero_advantage_prompts"] < trainer.totals["prompts"]
+    assert trainer.totals["zero_advantage_unsolved_prompts"] <= trainer.totals["zero_advantage_prompts"]
+    assert 0 < trainer.totals["signal_responses"] <= trainer.totals["responses"]
+    assert {"zero_advantage_unsolved_share", "signal_share"} <= set(trainer.curve[-1])
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 

@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from posttrain.rollout import (ReplayBuffer, Response, adaptive_rollout, dynamic_sampling, fixed_rollout,
-                               group_advantages)
+from posttrain.rollout import (ReplayBuffer, Response, adaptive_rollout, advantages_by_group, dynamic_sampling,
+                               fixed_rollout, group_advantages)
 
 
 def stub_policy(p_correct: dict[str, float], seed: int = 0):
@@ -68,6 +68,25 @@ def test_reuse_inserts_exactly_one_buffered_response_and_makes_the_failures_nega
     assert all(a < 0 for a, r in zip(adv, hard) if not r.reused) and adv[hard.index(reused)] > 0
     # without the buffer the group is all wrong: no signal at all
     assert group_advantages([0.0] * 6) == [0.0] * 6
+
+
+def test_the_census_splits_zero_advantage_groups_and_counts_only_generated_signal():
+    buffer = ReplayBuffer(cap=2)
+    buffer.add(Response("hard", "an earlier right answer", 1.0, 7))
+    # "hard" takes the buffered answer, "never" has none to take, "easy" is right at once (both of its responses),
+    # "mixed" is right on its first response only
+    sample = scheduled_policy({"hard": None, "never": None, "easy": 1, "mixed": 1})
+    groups, stats = adaptive_rollout(["hard", "never", "easy", "mixed"], stages=2, k=2, sample=sample, buffer=buffer)
+    groups["easy"] = [Response("easy", "right", 1.0, 5), Response("easy", "also right", 1.0, 5)]
+    rows, census = advantages_by_group(groups)
+    assert census.zero_advantage == 2  # "never" (unsolved) and "easy" (all correct)
+    assert census.zero_advantage_unsolved == 1
+    # "hard": its 3 generated wrong answers in the batch have an advantage, the reused one is not in the batch;
+    # "mixed": both; the response "hard"'s reused one replaced was generated and carries nothing
+    assert census.signal_responses == 3 + 2
+    assert [len(g) for g in rows] == [3, 4, 2, 2] and stats.generated == 4 + 4 + 2 + 2
+    assert all(a == 0 for g in (rows[1], rows[2]) for _, a in g)
+    assert all(a != 0 for g in (rows[0], rows[3]) for _, a in g)
 
 
 def test_new_correct_responses_enter_the_buffer_and_the_cap_holds():
