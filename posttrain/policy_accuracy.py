@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import mlflow
+import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
@@ -42,8 +43,12 @@ class DevAccuracyCallback(TrainerCallback):
         records = self.records[procs.process_index::procs.num_processes]
         was_training = model.training
         gen = HFGenerator(model, self.tokenizer, batch_size=64, max_new_tokens=self.max_new_tokens)
-        texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in records], progress=False)] \
-            if records else []  # more processes than dev questions
+        # generate seeds torch's RNG: forked, the training's random stream goes on where it was, so how often dev
+        # is evaluated does not change what the policy samples (unforked, every evaluation restarted it at seed 0)
+        devices = [model.device.index] if model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in records], progress=False)] \
+                if records else []  # more processes than dev questions
         model.train(was_training)
         rows = score_responses(records, [OWN_CHOICE] * len(texts), texts, self.limits, self.workers)
         counts = [(sum(r["correct"] for r in rows), len(rows))]

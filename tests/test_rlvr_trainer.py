@@ -12,6 +12,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from posttrain.params import load_params
+from posttrain.policy_accuracy import DevAccuracyCallback
 from posttrain.checkpoints import last_complete_checkpoint
 from posttrain.rlvr import (ROLLOUT_STATE, RLVRTrainer, VerifierReward, reference_responses, rlvr_config,
                             vllm_importance_ratio)
@@ -213,3 +214,18 @@ def test_a_vllm_server_urls_credentials_never_reach_the_params_mlflow_logs(stage
     logged = json.dumps(config.to_dict(), default=str)
     assert "SECRET" not in logged and "vllm.internal:8000" in logged
     assert config.vllm_server_base_url == url  # TRL's client still connects with them
+
+
+def test_evaluating_dev_during_training_does_not_change_what_the_policy_learns(tiny, tmp_path):
+    def train(out, callbacks):
+        trainer = make_trainer(tiny, out, "grpo", callbacks=callbacks, n_responses=4)
+        trainer.verifier = lambda prompts, completions: [float(len(c) % 2) for c in completions]
+        trainer.train()
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    dev = DevAccuracyCallback(tiny.records[:4], tiny.tok, every=1, max_new_tokens=8, workers=1, label="test",
+                              sandbox_limits=SandboxLimits(cpu_seconds=1, wall_seconds=3))
+    plain, evaluated = train(tmp_path / "plain", []), train(tmp_path / "evaluated", [dev])
+    assert [step for step, _ in dev.history] == [1, 2]
+    # the evaluation after step 1 generates with its own seed; step 2 must sample as it would have without it
+    assert all(torch.equal(plain[n], evaluated[n]) for n in plain)
