@@ -40,13 +40,23 @@ class HFGenerator:
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
 
-    @torch.inference_mode()
     def generate(
         self, prompts: list[str], temperature: float = 0.0, seed: int = 0, desc: str = "generate",
         progress: bool = True,
     ) -> list[Completion]:
+        """Completions in input order. Sampling draws from torch's RNG seeded ``seed`` inside a fork, and greedy
+        decoding draws nothing: either way the caller's random stream goes on where it was. A training run that
+        evaluates its policy midway, or serves it as a judge from a thread, samples what it would have without."""
+        if temperature <= 0:
+            return self._generate(prompts, temperature, desc, progress)
+        devices = [self.model.device.index] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return self._generate(prompts, temperature, desc, progress)
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[str], temperature: float, desc: str, progress: bool) -> list[Completion]:
         tok = self.tokenizer
-        torch.manual_seed(seed)
         lengths = [len(ids) for ids in tok(prompts, add_special_tokens=False)["input_ids"]]
         order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
         out: list[Completion | None] = [None] * len(prompts)

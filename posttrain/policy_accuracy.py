@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import mlflow
-import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
@@ -43,12 +42,10 @@ class DevAccuracyCallback(TrainerCallback):
         records = self.records[procs.process_index::procs.num_processes]
         was_training = model.training
         gen = HFGenerator(model, self.tokenizer, batch_size=64, max_new_tokens=self.max_new_tokens)
-        # generate seeds torch's RNG: forked, the training's random stream goes on where it was, so how often dev
-        # is evaluated does not change what the policy samples (unforked, every evaluation restarted it at seed 0)
-        devices = [model.device.index] if model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in records], progress=False)] \
-                if records else []  # more processes than dev questions
+        # greedy generation leaves torch's RNG alone, so how often dev is evaluated does not change what the policy
+        # samples next (before stop 76 every evaluation restarted the training's random stream at seed 0)
+        texts = [c.text for c in gen.generate([open_prompt(r["question"]) for r in records], progress=False)] \
+            if records else []  # more processes than dev questions
         model.train(was_training)
         rows = score_responses(records, [OWN_CHOICE] * len(texts), texts, self.limits, self.workers)
         counts = [(sum(r["correct"] for r in rows), len(rows))]

@@ -111,3 +111,22 @@ def test_hf_stops_at_every_eos_of_the_generation_config_as_vllm_does(tmp_path):
     completion = generator.generate(prompts[:1], progress=False)[0]
     assert completion.n_tokens == ids.index(end_of_turn) + 1
     assert completion.text == tiny.tok.decode(ids[:completion.n_tokens], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generate_leaves_the_callers_random_stream_where_it_was(tmp_path, temperature):
+    """generate seeded torch's global RNG, so a training run that evaluated its policy (or judged with it from a
+    thread) restarted its own random stream at seed 0 every time; sampled outputs still follow ``seed``."""
+    import torch
+    tiny = tiny_scratch_model(tmp_path / "m", n_problems=6, seed=1)
+    prompts = [prompt(p.question) for p in tiny.problems]
+    generator = HFGenerator(tiny.model, tiny.tok, batch_size=8, max_new_tokens=24)
+    torch.manual_seed(123)
+    untouched = torch.rand(4)
+    torch.manual_seed(123)
+    first = generator.generate(prompts, temperature, seed=7, progress=False)
+    assert torch.equal(torch.rand(4), untouched)
+    torch.manual_seed(999)  # another caller state: the samples depend on seed alone
+    assert generator.generate(prompts, temperature, seed=7, progress=False) == first
+    if temperature > 0:
+        assert generator.generate(prompts, temperature, seed=8, progress=False) != first
