@@ -46,7 +46,8 @@ class HFGenerator:
     ) -> list[Completion]:
         """Completions in input order. Sampling draws from torch's RNG seeded ``seed`` inside a fork, and greedy
         decoding draws nothing: either way the caller's random stream goes on where it was. A training run that
-        evaluates its policy midway, or serves it as a judge from a thread, samples what it would have without."""
+        evaluates its policy midway, or serves it as a judge from a thread, samples what it would have without.
+        From a thread, decode greedily: the fork restores the whole process's RNG state when it closes."""
         if temperature <= 0:
             return self._generate(prompts, temperature, desc, progress)
         devices = [self.model.device.index] if self.model.device.type == "cuda" else []
