@@ -5,10 +5,12 @@ and the RLVR policy vs the SFT policy per difficulty over seeds.
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
                           [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S] [--extra-test N]
                           [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
+                          [--policy models/warmup]   # start from another policy than the SFT policy
     python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
 
-Run after `dvc repro` (needs models/sft). Test accuracy is measured every --eval-every steps on the test split
-(240 questions by default, one question = 0.004; --extra-test N adds N fresh held-out questions of the same task).
+Run after `dvc repro` (needs models/sft, or the --policy given). Test accuracy is measured every --eval-every steps on
+the test split (240 questions by default, one question = 0.004; --extra-test N adds N fresh held-out questions of the
+same task).
 Writes reports/rlvr/rlvr_bench.json (partial results survive a crash), the plot beside it (rlvr_bench.png) and
 logs to MLflow; prints a table. Nothing here is asserted.
 """
@@ -116,13 +118,14 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, test) -> dict:
+def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, test, policy: str = POLICY) -> dict:
     cfg = params.rlvr.model_copy(update={"algo": algo, "max_steps": steps, "dev_every": eval_every,
                                          "n_dev": len(test)})
     run_params = params.model_copy(update={"rlvr": cfg})
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlvr_bench_") as tmp:
-        trainer, dev_cb = train_rlvr(run_params, train, test, f"{tmp}/policy", Path(tmp) / "ckpt", seed=seed)
+        trainer, dev_cb = train_rlvr(run_params, train, test, f"{tmp}/policy", Path(tmp) / "ckpt", seed=seed,
+                                     policy=policy)
         final = own_choice_accuracy(f"{tmp}/policy", test, cfg.max_new_tokens, params.sandbox)
     totals = dict(trainer.totals)
     cost = {c["step"]: c for c in trainer.curve}
@@ -134,8 +137,8 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
-    return {"algo": algo, "seed": seed, "learning_rate": cfg.learning_rate, "buffer_seed": cfg.buffer_seed,
-            "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
+    return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
+            "buffer_seed": cfg.buffer_seed, "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
@@ -218,6 +221,9 @@ def run() -> None:
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
     ap.add_argument("--vllm", choices=["colocate", "server"], default=None,
                     help="rollouts through TRL's vLLM engine (rlvr.vllm); on a CPU, run with bench/vllm_cpu.sh's venv")
+    ap.add_argument("--policy", default=POLICY,
+                    help="the starting policy (a model directory; default the SFT policy, models/sft): e.g. "
+                         "models/warmup, to measure the algorithms from a stronger or another policy")
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions to the test split (less noise per evaluation)")
@@ -233,6 +239,8 @@ def run() -> None:
         plot(runs, args.out.with_suffix(".png"))
         summarize(sft, runs)
         return
+    if not (Path(args.policy) / "config.json").exists():
+        ap.error(f"--policy {args.policy}: no model there (no config.json); run `dvc repro` first, or name a model dir")
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
@@ -250,13 +258,13 @@ def run() -> None:
     runs = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with bench_run("rlvr", params):
-        sft = {**own_choice_accuracy(POLICY, test, params.rlvr.max_new_tokens, params.sandbox),
-               "test_questions": len(test)}
+        sft = {**own_choice_accuracy(args.policy, test, params.rlvr.max_new_tokens, params.sandbox),
+               "test_questions": len(test), "policy": args.policy}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for algo in args.algos:
                 with mlflow.start_run(run_name=f"{algo} seed {seed}", nested=True,
                                       tags={"posttrain.bench.variant": algo, "seed": str(seed)}):
-                    r = one_run(params, algo, seed, steps, args.eval_every, train, test)
+                    r = one_run(params, algo, seed, steps, args.eval_every, train, test, args.policy)
                     r["curve"][0]["test_accuracy"] = sft["accuracy"]
                     mlflow.log_metrics({"test_accuracy": r["final_test"]["accuracy"],
                                         "responses": r["totals"]["responses"], "tokens": r["totals"]["tokens"],

@@ -39,14 +39,15 @@ METRICS, CHECKPOINTS = Path("reports/metrics/rlvr_ar3po.json"), Path("checkpoint
 
 
 def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out: str, checkpoint_root: Path,
-               seed: int | None = None, curve: Path | None = None) -> tuple[RLVRTrainer, DevAccuracyCallback]:
-    """RLVR from the SFT policy on ``train``; accuracy on ``eval_records`` every ``rlvr.dev_every`` steps.
+               seed: int | None = None, curve: Path | None = None, policy: str = POLICY
+               ) -> tuple[RLVRTrainer, DevAccuracyCallback]:
+    """RLVR from ``policy`` (the SFT policy) on ``train``; accuracy on ``eval_records`` every ``rlvr.dev_every`` steps.
 
     Resumes from the last checkpoint under ``checkpoint_root/<hash of params, policy, data>``; saves to ``out``.
     With ``curve``, the per-step reward, rollout cost and dev accuracy are kept in that CSV (``posttrain.curves``).
     """
     cfg, seed = params.rlvr, params.seed if seed is None else seed
-    tokenizer = AutoTokenizer.from_pretrained(POLICY)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
     limits = sandbox_limits(params.sandbox)
     dataset = Dataset.from_list([{"prompt": prompt(r["question"]), "difficulty": r["difficulty"]} for r in train])
     reward = VerifierReward({prompt(r["question"]): r for r in train}, limits, params.sandbox.workers)
@@ -54,10 +55,10 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
                                  params.sandbox.workers, label=f"rlvr {cfg.algo}")
     # the sandbox's limits decide the rewards, so checkpoints trained under other limits are not resumed
     ckpt = claim_checkpoint_dir(checkpoint_root, {"rlvr": cfg.model_dump(), **result_params(params, ("sandbox",))},
-                                seed, [Path(POLICY), DATA / "train.jsonl"])
+                                seed, [Path(policy), DATA / "train.jsonl"])
     resume = last_complete_checkpoint(ckpt, marker=ROLLOUT_STATE)
     curve_cb = [TrainingCurve(curve, RLVR_CURVE, dev_cb)] if curve is not None else []
-    trainer = RLVRTrainer(model=POLICY, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
+    trainer = RLVRTrainer(model=policy, reward_funcs=reward, args=rlvr_config(cfg, ckpt, seed), train_dataset=dataset,
                           processing_class=tokenizer, rlvr=cfg, seed=seed, callbacks=[dev_cb, *curve_cb])
     if resume:
         print(f"rlvr_ar3po: resuming from {resume}")
