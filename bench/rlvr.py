@@ -111,7 +111,9 @@ def plot(runs: list[dict], path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle("RLVR from the SFT policy: accuracy against rollout cost")
+    # runs recorded before --policy existed all started from the SFT policy
+    start = ", ".join(dict.fromkeys(r.get("policy", POLICY) for r in runs))
+    fig.suptitle(f"RLVR from {start}: accuracy against rollout cost")
     fig.tight_layout(rect=(0, 0.03 * (len(runs) // 4 + 2), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
