@@ -4,6 +4,7 @@ and the RLVR policy vs the SFT policy per difficulty over seeds.
 
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
                           [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S] [--extra-test N]
+                          [--prompts-per-step P]
                           [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
                           [--policy models/warmup]   # start from another policy than the SFT policy
     python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
@@ -47,6 +48,8 @@ def variant(run: dict) -> str:
     seeded = run["algo"] == "ar3po" and run.get("buffer_seed", "none") != "none"  # only ar3po has a buffer
     name = run["algo"] + (" + seeded buffer" if seeded else "")
     schedule = f", k {run['k']} x {run['stages']} stages" if run["algo"] == "ar3po" else ""
+    batch = run.get("prompts_per_step", 8)  # runs recorded before it was varied all took 8 prompts a step
+    schedule += f", {batch} prompts/step" if batch != 8 else ""
     engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
     return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}, {len(run['steps'])} steps"
 
@@ -141,6 +144,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
             "buffer_seed": cfg.buffer_seed, "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
+            "prompts_per_step": cfg.prompts_per_step,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
@@ -221,6 +225,9 @@ def run() -> None:
     ap.add_argument("--k", type=int, default=None,
                     help="ar3po: responses per active prompt per stage (default: rlvr.k)")
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
+    ap.add_argument("--prompts-per-step", type=int, default=None,
+                    help="override rlvr.prompts_per_step (prompts per optimizer step: more gives each step more "
+                         "responses with an advantage)")
     ap.add_argument("--vllm", choices=["colocate", "server"], default=None,
                     help="rollouts through TRL's vLLM engine (rlvr.vllm); on a CPU, run with bench/vllm_cpu.sh's venv")
     ap.add_argument("--policy", default=POLICY,
@@ -246,7 +253,8 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
-                                             ("k", args.k), ("stages", args.stages), ("vllm", args.vllm))
+                                             ("k", args.k), ("stages", args.stages), ("vllm", args.vllm),
+                                             ("prompts_per_step", args.prompts_per_step))
                  if v is not None}
     try:  # validated as params.yaml is (--k 0 stops here, naming rlvr.k)
         params = with_overrides("params.yaml", overrides, out=None)
