@@ -81,8 +81,25 @@ def smoothed(curve: list[dict], width: int = 3) -> list[dict]:
     return [{**c, "test_accuracy": statistics.fmean(accs[max(0, j - width + 1):j + 1])} for j, c in enumerate(curve)]
 
 
+def signal_responses(run: dict) -> list[float] | None:
+    """Cumulative responses with an advantage (the ones a step learns from) at each point of the run's curve, or None
+    for runs made before they were counted. Per step the run kept only the share; each step's responses are spread
+    evenly between evaluations, then scaled so the last point is the counted total."""
+    if "signal_share" not in run["steps"][0] or "signal_responses" not in run["totals"]:
+        return None
+    share = {s["step"]: s["signal_share"] for s in run["steps"]}
+    cum, out = 0.0, [0.0]
+    for prev, c in zip(run["curve"], run["curve"][1:]):
+        per_step = (c["responses"] - prev["responses"]) / (c["step"] - prev["step"])
+        cum += sum(per_step * share[s] for s in range(prev["step"] + 1, c["step"] + 1))
+        out.append(cum)
+    scale = run["totals"]["signal_responses"] / max(out[-1], 1e-9) if run["curve"][-1]["step"] == len(run["steps"]) \
+        else 1.0  # its last evaluation came before its last step: the total counts responses after it
+    return [x * scale for x in out]
+
+
 def plot(runs: list[dict], path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
+    fig, axes = plt.subplots(1, 4, figsize=(24, 5.5))
     base = {"ar3po": "tab:green", "ar3po + seeded buffer": "tab:purple", "grpo": "tab:blue", "dapo": "tab:orange"}
     spare, colors = ["tab:brown", "tab:red", "tab:olive", "tab:cyan", "tab:gray"], {}
     for name in dict.fromkeys(map(variant, runs)):  # one colour per algorithm; another learning rate takes a spare
@@ -95,22 +112,25 @@ def plot(runs: list[dict], path: Path) -> None:
                   label=f"{variant(r)}, seed {r['seed']}")
         axes[0].plot([p["responses"] for p in c], [p["test_accuracy"] for p in c], **kw)
         axes[1].plot([p["tokens"] for p in c], [p["test_accuracy"] for p in c], **kw)
+        if (signal := signal_responses(r)) is not None:
+            axes[2].plot(signal, [p["test_accuracy"] for p in c], **kw)
     for name, color in colors.items():
         # per step the share jumps in 1/8ths: the mean over seeds and a moving mean over steps show the trend; dashed,
         # its unsolved part (runs that recorded it): the groups AR3PO's reuse is there to give an advantage
-        for key, style, label in (("zero_advantage_share", "-", ""),
-                                  ("zero_advantage_unsolved_share", "--", ": unsolved")):
+        for key, style in (("zero_advantage_share", "-"), ("zero_advantage_unsolved_share", "--")):
             per_seed = [[p[key] for p in r["steps"]] for r in runs if variant(r) == name and key in r["steps"][0]]
             if not per_seed:
                 continue
             z = [statistics.fmean(col) for col in zip(*per_seed)]
             smooth = [statistics.fmean(z[max(0, j - window + 1):j + 1]) for j in range(len(z))]
-            axes[2].plot(range(1, len(z) + 1), smooth, color=color, linestyle=style,
-                         label=f"{name}{label} ({len(per_seed)} seeds)")
+            axes[3].plot(range(1, len(z) + 1), smooth, color=color, linestyle=style,
+                         label=f"{name} ({len(per_seed)} seeds)" if style == "-" else "_nolegend_")
     axes[0].set(xlabel="cumulative generated responses", ylabel="test accuracy (own choice, greedy)")
     axes[1].set(xlabel="cumulative generated tokens", ylabel="test accuracy")
-    axes[2].set(xlabel="step", ylabel=f"zero-advantage share of prompts ({window}-step mean; dashed: unsolved)")
-    axes[2].legend(fontsize=8)
+    # responses with an advantage are what a step learns from: cost in them shows what each algorithm gets out of them
+    axes[2].set(xlabel="cumulative responses with an advantage (the ones trained on)", ylabel="test accuracy")
+    axes[3].set(xlabel="step", ylabel=f"zero-advantage share ({window}-step mean; dashed: unsolved)")
+    axes[3].legend(fontsize=7)  # the dashed lines are named in the axis label
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
