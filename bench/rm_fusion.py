@@ -39,9 +39,10 @@ BUDGETS, RANDOM_SEEDS = [0.05, 0.1, 0.2, 0.4], list(range(5))
 def fast_models(rows: list[dict], lam: float, score: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per fast model, (decision logit, routing score: higher is routed first) on ``rows`` (decisive pairs)."""
     g, var, m = (torch.tensor([r[k] for r in rows]) for k in ("g", "var", "pointwise_margin"))
-    p_pm = torch.sigmoid(calibrated_logit(g, var, lam)[0])
+    g_cal = calibrated_logit(g, var, lam)[0]
+    p_pm = torch.sigmoid(g_cal)
     p_mix = (p_pm + torch.sigmoid(m)) / 2
-    product = torch.logit(p_pm.clamp(1e-6, 1 - 1e-6)) + m
+    product = g_cal + m  # the two logits summed: the PM's and the pointwise RM's evidence multiplied as odds
     disagree = ((g > 0) != (m > 0)).float()
     u_pm, u_mix = pair_uncertainty(g, var, lam, score), 1 - (2 * p_mix - 1).abs()
     mixture = torch.logit(p_mix.clamp(1e-6, 1 - 1e-6))
@@ -57,8 +58,8 @@ def fusion_report(rows: list[dict], lam: float, score: str) -> dict:
     oracle's ceiling at 10%."""
     labels = [r["label"] for r in rows]
     label_a = torch.tensor([label == "A" for label in labels])
-    out = {}
-    for name, (logit, u) in fast_models(rows, lam, score).items():
+    out, models = {}, fast_models(rows, lam, score)
+    for name, (logit, u) in models.items():
         summary = summarize_curve(routing_curve(labels, logit, u, labels, BUDGETS, RANDOM_SEEDS))
         errors = int(((logit > 0) != label_a).sum())
         out[name] = {"accuracy": summary["rm_only"], "errors": errors,
@@ -66,7 +67,7 @@ def fusion_report(rows: list[dict], lam: float, score: str) -> dict:
                      "oracle_gap_closed_10": min(round(0.1 * len(rows)), errors) / errors if errors else None,
                      **{f"gap_closed_{b:g}": summary["budgets"][str(b)]["gap_closed_uncertainty"] for b in BUDGETS},
                      **{f"random_gap_closed_{b:g}": summary["budgets"][str(b)]["gap_closed_random"] for b in BUDGETS}}
-    g, m = (torch.tensor([r[k] for r in rows]) for k in ("g", "pointwise_margin"))
+    g, m = models["pm"][0], models["pointwise"][0]
     both_wrong = ((g > 0) != label_a) & ((m > 0) != label_a)
     out["overlap"] = {"decisive": len(rows), "disagree": int(((g > 0) != (m > 0)).sum()),
                       "both_wrong": int(both_wrong.sum())}
