@@ -108,7 +108,8 @@ LATE_FAILURES = [
     # GRPOConfig raised "GRPO requires at least 2 generations per prompt" as rlvr_ar3po started
     ("rlvr.k", 1, "rlvr.k: got 1, expected greater than or equal to 2", {}),
     # RepeatSampler made no full batch: training stopped at step 0 and saved the SFT policy as models/rlvr
-    ("rlvr.n_prompts", 4, "rlvr: prompts_per_step (8) exceeds the training prompts (rlvr.n_prompts: 4)", {}),
+    ("rlvr.n_prompts", 4, "rlvr: prompts_per_step (8) exceeds the training prompts (rlvr.n_prompts: 4)",
+     {"rlvr.prompts_per_step": 8}),
     ("prepare.n_train", 6, "rlhf: prompts_per_step (8) exceeds the training prompts (prepare.n_train: 6)",
      {"rlvr.prompts_per_step": 2, "sft.min_examples": 0}),
     # stages/sft.py stopped with DataError after the whole DOTS search: it cannot keep more than it searched
@@ -152,8 +153,8 @@ def test_values_that_would_fail_a_later_stage_are_refused(key, bad, expected, co
     {"judge.base_url": "https://api.example.com/v1"}, {"judge.base_url": "http://[::1]:8000/v1"},
     {"rlvr.vllm_server_url": "localhost:8000"},  # unread unless rlvr.vllm is server
     {"rlvr.vllm": "server", "rlhf.vllm": "server"},  # the default address
-    {"rlvr.k": 2, "rlvr.n_prompts": 8},
-    {"prepare.n_train": 8, "dots_search.n_questions": None, "sft.min_examples": 8},
+    {"rlvr.k": 2, "rlvr.prompts_per_step": 8, "rlvr.n_prompts": 8},
+    {"prepare.n_train": 8, "dots_search.n_questions": None, "sft.min_examples": 8, "rlvr.prompts_per_step": 8},
     {"task.source": "jsonl", "task.jsonl": {"train": "a", "dev": "b", "test": "c"}, "prepare.n_train": 1,
      "dots_search.n_questions": None, "sft.min_examples": 10**6},  # a user's files: their size is unknown here
     {"train_rm.estimator": "mc_dropout", "train_rm.uncertainty_lambda": 0.0},
