@@ -3,7 +3,7 @@ cumulative generated responses and tokens, zero-advantage share, generation thro
 and the RLVR policy vs the SFT policy per difficulty over seeds.
 
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
-                          [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S] [--extra-test N]
+                          [--learning-rate LR] [--buffer-seed none|reference] [--zero-advantage-groups keep|drop] [--k K] [--stages S] [--extra-test N]
                           [--prompts-per-step P] [--baseline-prompts-per-step 8]
                           [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
                           [--policy models/warmup]   # start from another policy than the SFT policy
@@ -51,6 +51,7 @@ def variant(run: dict) -> str:
     batch = run.get("prompts_per_step", 8)  # runs recorded before it was varied all took 8 prompts a step
     schedule += f", {batch} prompts/step" if batch != 8 else ""
     engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
+    engine += ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
     return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}, {len(run['steps'])} steps"
 
 
@@ -163,7 +164,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
-            "buffer_seed": cfg.buffer_seed, "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
+            "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
             "prompts_per_step": cfg.prompts_per_step,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
@@ -242,6 +243,9 @@ def run() -> None:
     ap.add_argument("--buffer-seed", choices=["none", "reference"], default=None,
                     help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference "
                          "solutions)")
+    ap.add_argument("--zero-advantage-groups", choices=["keep", "drop"], default=None,
+                    help="override rlvr.zero_advantage_groups (ar3po / grpo: drop takes groups without advantage out "
+                         "of the batch and its token count)")
     ap.add_argument("--k", type=int, default=None,
                     help="ar3po: responses per active prompt per stage (default: rlvr.k)")
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
@@ -277,7 +281,7 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
-                                             ("k", args.k), ("stages", args.stages), ("vllm", args.vllm),
+                                             ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k), ("stages", args.stages), ("vllm", args.vllm),
                                              ("prompts_per_step", args.prompts_per_step))
                  if v is not None}
     # an explicit --prompts-per-step holds for every algorithm; without it the baselines take their own

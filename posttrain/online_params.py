@@ -139,6 +139,10 @@ class RlvrParams(OnlinePolicyParams):
     buffer_seed: Literal["none", "reference"] = Field(
         description="ar3po: the replay buffer before step 1: empty, or each training question's reference solution "
                     "(verified); reuse then fires on every all-wrong group, not only on questions seen before")
+    zero_advantage_groups: Literal["keep", "drop"] = Field(
+        description="ar3po / grpo: groups whose rewards are all equal stay in the batch (KL-penalty tokens only, "
+                    "as TRL's GRPO) or leave it, so the loss is normalised over the groups with a policy gradient "
+                    "(dapo's batch holds only those)")
     max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
     n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
                                                    "(null = all); reuse needs prompts that come back")

@@ -57,7 +57,7 @@ from posttrain.modeling import device_args
 from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.rng_state import rng_state, set_rng_state
 from posttrain.rollout import (AdvantageCensus, ReplayBuffer, Response, adaptive_rollout, advantages_by_group,
-                               dynamic_sampling, fixed_rollout)
+                               dynamic_sampling, fixed_rollout, groups_with_signal)
 from posttrain.task.arithmetic import Problem
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
@@ -202,6 +202,8 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
 
         # advantages over each whole group; only generated responses go into the batch (reused: baseline only)
         rows_by_group, census = advantages_by_group(groups)
+        if self.rlvr.zero_advantage_groups == "drop":  # the loss over groups with a policy gradient only
+            rows_by_group = groups_with_signal(rows_by_group, min_groups=self.accelerator.num_processes)
         # this process trains on its share of the groups; TRL's loss divides by the whole step's completion tokens
         world, rank, n = self.accelerator.num_processes, self.accelerator.process_index, len(rows_by_group)
         shares = [[row for group in rows_by_group[i * n // world:(i + 1) * n // world] for row in group]

@@ -146,6 +146,28 @@ def advantages_by_group(groups: dict[str, list[Response]]
     return rows_by_group, census
 
 
+def groups_with_signal(rows_by_group: list[list[tuple[Response, float]]], min_groups: int = 1
+                       ) -> list[list[tuple[Response, float]]]:
+    """The groups that carry a policy gradient (some nonzero advantage), for ``rlvr.zero_advantage_groups: drop``.
+
+    A group without advantage adds only KL-penalty tokens to the loss, and TRL divides the loss by all of a step's
+    tokens, so with most groups all right the policy term is a small share of the loss. With fewer than
+    ``min_groups`` such groups (every process of a multi-process launch needs one), groups without advantage make up
+    the count, in order: such a step pays the KL term only, as DAPO's step without a useful group does.
+
+    Example:
+        >>> right, wrong = Response("p", "a", 1.0, 3), Response("p", "b", 0.0, 3)
+        >>> rows = [[(right, 0.0), (right, 0.0)], [(right, 0.7), (wrong, -0.7)], [(wrong, 0.0)]]
+        >>> [len(g) for g in groups_with_signal(rows)], [len(g) for g in groups_with_signal(rows[:1] + rows[2:], 2)]
+        ([2], [2, 1])
+    """
+    signal = [g for g in rows_by_group if any(a != 0 for _, a in g)]
+    if len(signal) >= min_groups:
+        return signal
+    rest = [g for g in rows_by_group if not any(a != 0 for _, a in g)]
+    return signal + rest[:min_groups - len(signal)]
+
+
 def fixed_rollout(prompts: list[str], n: int, sample: SampleFn) -> tuple[dict[str, list[Response]], RolloutStats]:
     """GRPO: n responses for every prompt."""
     stats = RolloutStats()

@@ -61,6 +61,24 @@ def test_reused_response_shapes_advantages_but_is_not_in_the_batch(tiny, tmp_pat
     assert trainer.totals["buffer_hits"] == 1 and trainer.totals["responses"] == 4 + 2
 
 
+def test_dropped_zero_advantage_groups_leave_the_batch_and_its_token_count(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path, "grpo", n_responses=2, zero_advantage_groups="drop")
+    mixed, easy = prompt(tiny.records[0]["question"]), prompt(tiny.records[1]["question"])
+
+    def sample(prompts, k):  # "mixed" gets one right and one wrong (3 tokens each), "easy" two right (2 tokens)
+        ids = {p: tiny.tok(p, add_special_tokens=False)["input_ids"] for p in prompts}
+        return [[Response(p, "x", float(p == easy or i == 0), 3 - (p == easy), (ids[p], [8, 9, 10][:3 - (p == easy)]))
+                 for i in range(k)] for p in prompts]
+    trainer._sample = sample
+    batch = trainer._generate_and_score_completions([{"prompt": mixed, "difficulty": 1}, {"prompt": easy, "difficulty": 2}])
+    assert batch["completion_ids"].shape[0] == 2 and int(batch["num_items_in_batch"]) == 2 * 3  # "mixed" only
+    assert batch["advantages"].tolist() == pytest.approx([0.7071, -0.7071], rel=1e-3)
+    assert trainer.totals["responses"] == 4 and trainer.totals["zero_advantage_prompts"] == 1  # the census counts all
+    kept = make_trainer(tiny, tmp_path / "keep", "grpo", n_responses=2)
+    kept._sample = sample
+    assert int(kept._generate_and_score_completions([{"prompt": mixed}, {"prompt": easy}])["num_items_in_batch"]) == 10
+
+
 def test_two_processes_roll_out_one_schedule_and_train_on_their_share(tmp_path):
     """Under a multi-process launch the step's rollout spans both ranks' prompts: the same generation calls, of the
     same size, on every rank (TRL's gathers need them), the same totals, and each rank trains on its share."""
