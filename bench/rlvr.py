@@ -3,8 +3,8 @@ cumulative generated responses and tokens, zero-advantage share, generation thro
 and the RLVR policy vs the SFT policy per difficulty over seeds.
 
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
-                          [--learning-rate LR] [--buffer-seed none|reference] [--zero-advantage-groups keep|drop] [--k K] [--stages S] [--extra-test N]
-                          [--prompts-per-step P] [--baseline-prompts-per-step 8]
+                          [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S] [--extra-test N]
+                          [--zero-advantage-groups keep|drop] [--prompts-per-step P] [--baseline-prompts-per-step 8]
                           [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
                           [--policy models/warmup]   # start from another policy than the SFT policy
     python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
