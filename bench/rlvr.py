@@ -51,8 +51,8 @@ def variant(run: dict) -> str:
     batch = run.get("prompts_per_step", 8)  # runs recorded before it was varied all took 8 prompts a step
     schedule += f", {batch} prompts/step" if batch != 8 else ""
     engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
-    engine += ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
-    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}, {len(run['steps'])} steps"
+    dropped = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
+    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{dropped}, {len(run['steps'])} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
@@ -164,7 +164,8 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
-            "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
+            "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
+            "stages": cfg.stages, "vllm": cfg.vllm,
             "prompts_per_step": cfg.prompts_per_step,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
@@ -281,7 +282,8 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
-                                             ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k), ("stages", args.stages), ("vllm", args.vllm),
+                                             ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k),
+                                             ("stages", args.stages), ("vllm", args.vllm),
                                              ("prompts_per_step", args.prompts_per_step))
                  if v is not None}
     # an explicit --prompts-per-step holds for every algorithm; without it the baselines take their own
