@@ -13,7 +13,8 @@ Run after `dvc repro` (needs models/sft, or the --policy given). Test accuracy i
 the test split (240 questions by default, one question = 0.004; --extra-test N adds N fresh held-out questions of the
 same task).
 Writes reports/rlvr/rlvr_bench.json (partial results survive a crash), the plot beside it (rlvr_bench.png) and
-logs to MLflow; prints a table. Nothing here is asserted.
+logs to MLflow; prints a table. Nothing here is asserted. Each run checkpoints every rlvr.save_steps under
+checkpoints/rlvr_bench/ (--checkpoints), so a killed bench, re-run with the same command, resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from posttrain.jsonl import read_jsonl  # noqa: E402
 from stages.rlvr_ar3po import DATA, POLICY, train_rlvr  # noqa: E402
 
 OUT = Path("reports/rlvr")
+CHECKPOINTS = Path("checkpoints/rlvr_bench")
 
 
 def variant(run: dict) -> str:
@@ -144,13 +146,16 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, test, policy: str = POLICY) -> dict:
+def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, test, policy: str = POLICY,
+            checkpoints: Path = CHECKPOINTS) -> dict:
+    """One training run; its checkpoints go under ``checkpoints`` (one directory per run: the stage's checkpoint
+    claim removes other keys' directories under its root), so a killed bench re-run with the same command resumes."""
     cfg = params.rlvr.model_copy(update={"algo": algo, "max_steps": steps, "dev_every": eval_every,
                                          "n_dev": len(test)})
     run_params = params.model_copy(update={"rlvr": cfg})
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlvr_bench_") as tmp:
-        trainer, dev_cb = train_rlvr(run_params, train, test, f"{tmp}/policy", Path(tmp) / "ckpt", seed=seed,
+        trainer, dev_cb = train_rlvr(run_params, train, test, f"{tmp}/policy", checkpoints, seed=seed,
                                      policy=policy)
         final = own_choice_accuracy(f"{tmp}/policy", test, cfg.max_new_tokens, params.sandbox)
     totals = dict(trainer.totals)
@@ -269,6 +274,9 @@ def run() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for this process (default: one per core); running two benches side by "
                          "side, give each 1: two runs of 2 threads on 2 cores spin-wait on each other, 4-5x slower")
+    ap.add_argument("--checkpoints", type=Path, default=CHECKPOINTS,
+                    help="checkpoint root (each run under <root>/<--out's stem>/<algo>_s<seed>): a killed bench "
+                         "re-run with the same command resumes each run from its last checkpoint (rlvr.save_steps)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="no training: join these results files (e.g. runs of other seeds) into --out, plot, print")
     args = ap.parse_args()
@@ -312,7 +320,8 @@ def run() -> None:
             for algo in args.algos:
                 with mlflow.start_run(run_name=f"{algo} seed {seed}", nested=True,
                                       tags={"posttrain.bench.variant": algo, "seed": str(seed)}):
-                    r = one_run(params_by_algo[algo], algo, seed, steps, args.eval_every, train, test, args.policy)
+                    r = one_run(params_by_algo[algo], algo, seed, steps, args.eval_every, train, test, args.policy,
+                                args.checkpoints / args.out.stem / f"{algo}_s{seed}")
                     r["curve"][0]["test_accuracy"] = sft["accuracy"]
                     mlflow.log_metrics({"test_accuracy": r["final_test"]["accuracy"],
                                         "responses": r["totals"]["responses"], "tokens": r["totals"]["tokens"],
