@@ -54,7 +54,6 @@ def variant(run: dict) -> str:
     schedule += f", {batch} prompts/step" if batch != 8 else ""
     engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
     dropped = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
-    dropped += f", solved prompts skipped at p {run['skip_solved']:g}" if run.get("skip_solved") else ""
     return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{dropped}, {len(run['steps'])} steps"
 
 
@@ -170,8 +169,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
-            "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups,
-            "skip_solved": cfg.skip_solved, "k": cfg.k,
+            "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
             "stages": cfg.stages, "vllm": cfg.vllm,
             "prompts_per_step": cfg.prompts_per_step,
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
@@ -254,9 +252,6 @@ def run() -> None:
     ap.add_argument("--zero-advantage-groups", choices=["keep", "drop"], default=None,
                     help="override rlvr.zero_advantage_groups (ar3po / grpo: drop takes groups without advantage out "
                          "of the batch and its token count)")
-    ap.add_argument("--skip-solved", type=float, default=None,
-                    help="override rlvr.skip_solved (the probability that a prompt whose last group was all correct "
-                         "gives way to a fresh one before generating)")
     ap.add_argument("--k", type=int, default=None,
                     help="ar3po: responses per active prompt per stage (default: rlvr.k)")
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
@@ -295,8 +290,7 @@ def run() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
-                                             ("zero_advantage_groups", args.zero_advantage_groups),
-                                             ("skip_solved", args.skip_solved), ("k", args.k),
+                                             ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k),
                                              ("stages", args.stages), ("vllm", args.vllm),
                                              ("prompts_per_step", args.prompts_per_step))
                  if v is not None}

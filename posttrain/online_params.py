@@ -143,10 +143,6 @@ class RlvrParams(OnlinePolicyParams):
         description="ar3po / grpo: groups whose rewards are all equal stay in the batch (KL-penalty tokens only, "
                     "as TRL's GRPO) or leave it, so the loss is normalised over the groups with a policy gradient "
                     "(dapo's batch holds only those)")
-    skip_solved: float = Field(
-        ge=0, lt=1, description="probability that a prompt whose last group was all correct is skipped before "
-                                "generating, a fresh prompt taking its place (GRESO's pre-rollout filter; 0 = off; "
-                                "dapo discards such groups after paying for them)")
     max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
     n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
                                                    "(null = all); reuse needs prompts that come back")

@@ -24,9 +24,8 @@ process then trains on its share of the groups, with the loss normalised by the 
 
 Rollout cost per step and cumulative (responses, tokens, generation vs training seconds, zero-advantage share
 and its unsolved part, the share of generated responses with an advantage, responses per prompt by difficulty,
-buffer hits, prompts skipped as solved) goes to TRL's logs, hence MLflow. The replay buffer, the prompt sampler's
-state, the record of solved prompts (``rlvr.skip_solved``) and the running totals are saved in every checkpoint
-(``rollout_state.json``).
+buffer hits) goes to TRL's logs, hence MLflow. The replay buffer, the prompt sampler's state and the running
+totals are saved in every checkpoint (``rollout_state.json``).
 
 Example:
     >>> trainer = RLVRTrainer(model="models/sft", reward_funcs=VerifierReward(records, limits),   # doctest: +SKIP
@@ -57,7 +56,6 @@ from posttrain.grpo_config import CredentialFreeGRPOConfig
 from posttrain.modeling import device_args
 from posttrain.prompt_order import EpochOrderedPrompts
 from posttrain.rng_state import rng_state, set_rng_state
-from posttrain.solved_prompts import SolvedPrompts
 from posttrain.rollout import (AdvantageCensus, ReplayBuffer, Response, adaptive_rollout, advantages_by_group,
                                dynamic_sampling, fixed_rollout, groups_with_signal)
 from posttrain.task.arithmetic import Problem
@@ -150,9 +148,7 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         self.rlvr = rlvr
         self.verifier: VerifierReward = self.reward_funcs[0]
         self.buffer = ReplayBuffer(rlvr.buffer_cap, seed)
-        self.prompt_rng = random.Random(seed + 1)  # DAPO's extra prompts, and those standing in for skipped ones
-        self.solved_prompts = SolvedPrompts(rlvr.skip_solved, seed + 2)
-        self._skipped = 0
+        self.prompt_rng = random.Random(seed + 1)  # DAPO's extra prompts
         self.all_prompts = sorted(set(self.train_dataset["prompt"]))
         # every prompt's difficulty, DAPO's extra draws included (they are not in a step's inputs)
         self.difficulty = dict(zip(self.train_dataset["prompt"], self.train_dataset["difficulty"])) \
@@ -188,19 +184,12 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
 
     def rollout(self, prompts: list[str]) -> tuple[dict[str, list[Response]], object]:
         cfg = self.rlvr
-        # rlvr.skip_solved: prompts whose last group was all correct give way to fresh ones (posttrain.solved_prompts)
-        prompts, self._skipped = self.solved_prompts.select(prompts, self._more_prompts(),
-                                                            min_prompts=self.accelerator.num_processes)
         if cfg.algo == "grpo":
-            groups, stats = fixed_rollout(prompts, cfg.n_responses, self._sample_across_processes)
-        elif cfg.algo == "dapo":
-            groups, stats = dynamic_sampling(prompts, cfg.n_responses, self._sample_across_processes,
-                                             self._more_prompts(), cfg.max_rounds,
-                                             min_groups=self.accelerator.num_processes)
-        else:
-            groups, stats = adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample_across_processes, self.buffer)
-        self.solved_prompts.record(groups)
-        return groups, stats
+            return fixed_rollout(prompts, cfg.n_responses, self._sample_across_processes)
+        if cfg.algo == "dapo":
+            return dynamic_sampling(prompts, cfg.n_responses, self._sample_across_processes, self._more_prompts(),
+                                    cfg.max_rounds, min_groups=self.accelerator.num_processes)
+        return adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample_across_processes, self.buffer)
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
         device = self.accelerator.device
@@ -259,7 +248,7 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         self.totals.update({"responses": stats.generated, "tokens": stats.tokens, "buffer_hits": stats.buffer_hits,
                             "prompts": len(groups), "zero_advantage_prompts": census.zero_advantage,
                             "zero_advantage_unsolved_prompts": census.zero_advantage_unsolved,
-                            "signal_responses": census.signal_responses, "skipped_prompts": self._skipped})
+                            "signal_responses": census.signal_responses})
         self.totals["generation_seconds"] += self._generation_seconds
         shares = {  # a group without advantage is either unsolved (AR3PO's reuse targets those) or all correct;
             # the signal share is what a generated response buys: DAPO's discarded groups and the responses in
@@ -273,7 +262,6 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
             "rollout/responses_per_prompt": stats.generated / max(len(groups), 1),
             **{f"rollout/{k}": v for k, v in shares.items()},
             "rollout/buffer_hits": stats.buffer_hits, "rollout/buffer_size": len(self.buffer),
-            "rollout/skipped_prompts": self._skipped, "rollout/solved_prompts": len(self.solved_prompts.solved),
             # what RL optimises: the verifier's mean on every response this step generated (a buffered one is not
             # the policy's, and the incorrect one it replaced and DAPO's discarded groups were generated), and the
             # share of the prompts it generated for that it solved at all
@@ -309,7 +297,7 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         calls it after every other callback, so ``ROLLOUT_STATE`` marks a complete checkpoint)."""
         atomic_write_json(Path(checkpoint) / ROLLOUT_STATE,
                           {"buffer": self.buffer.state_dict(), "totals": dict(self.totals), "curve": self.curve,
-                           "prompt_rng": rng_state(self.prompt_rng), "solved_prompts": self.solved_prompts.state_dict()})
+                           "prompt_rng": rng_state(self.prompt_rng)})
 
     def load_rollout_state(self, checkpoint: str | Path) -> None:
         """Restore the replay buffer, the prompt sampler and the totals saved with ``checkpoint``."""
@@ -318,5 +306,3 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         self.totals = Counter(state["totals"])
         self.curve = state["curve"]
         set_rng_state(self.prompt_rng, state["prompt_rng"])
-        if "solved_prompts" in state:  # checkpoints written before rlvr.skip_solved have none (and skipped none)
-            self.solved_prompts.load_state_dict(state["solved_prompts"])

@@ -79,25 +79,6 @@ def test_dropped_zero_advantage_groups_leave_the_batch_and_its_token_count(tiny,
     assert int(kept._generate_and_score_completions([{"prompt": mixed}, {"prompt": easy}])["num_items_in_batch"]) == 10
 
 
-def test_a_prompt_solved_at_its_last_visit_gives_way_to_a_fresh_one(tiny, tmp_path):
-    trainer = make_trainer(tiny, tmp_path, "ar3po", stages=2, k=2, skip_solved=0.999)
-    easy = prompt(tiny.records[1]["question"])
-    calls = []
-
-    def sample(prompts, k):  # "easy" always right, every other prompt always wrong
-        calls.append(list(prompts))
-        return [[Response(p, "x", float(p == easy), 2, (tiny.tok(p, add_special_tokens=False)["input_ids"], [8, 9]))
-                 for _ in range(k)] for p in prompts]
-    trainer._sample = sample
-    trainer._generate_and_score_completions([{"prompt": easy, "difficulty": 2}])
-    assert calls == [[easy]] and trainer.solved_prompts.solved == {easy}
-    calls.clear()
-    trainer._generate_and_score_completions([{"prompt": easy, "difficulty": 2}])
-    # a fresh prompt from the training set took its place: never solved, it ran both stages
-    assert len(calls) == 2 and len(calls[0]) == 1 and calls[0][0] != easy and calls[0][0] in trainer.all_prompts
-    assert trainer.totals["skipped_prompts"] == 1 and trainer.totals["responses"] == 2 + 4
-
-
 def test_two_processes_roll_out_one_schedule_and_train_on_their_share(tmp_path):
     """Under a multi-process launch the step's rollout spans both ranks' prompts: the same generation calls, of the
     same size, on every rank (TRL's gathers need them), the same totals, and each rank trains on its share."""
@@ -203,13 +184,11 @@ def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, alg
     resumed.buffer.add(Response(prompt(tiny.records[0]["question"]), "not in the checkpoint", 1.0, 1))
     resumed.buffer.rng.random()
     resumed.prompt_rng.random()
-    resumed.solved_prompts.solved.add("not in the checkpoint")
     resumed.load_rollout_state(tmp_path / "checkpoint-2")
     assert resumed.totals == trainer.totals and resumed.curve == trainer.curve
     assert resumed.buffer.state_dict() == json.loads(json.dumps(trainer.buffer.state_dict()))
     assert resumed.buffer.rng.getstate() == trainer.buffer.rng.getstate()
     assert resumed.prompt_rng.getstate() == trainer.prompt_rng.getstate()
-    assert resumed.solved_prompts.state_dict() == json.loads(json.dumps(trainer.solved_prompts.state_dict()))
     assert trainer.curve[-1]["responses"] == trainer.totals["responses"]
     assert trainer.totals["zero_advantage_prompts"] < trainer.totals["prompts"]
     assert trainer.totals["zero_advantage_unsolved_prompts"] <= trainer.totals["zero_advantage_prompts"]
