@@ -54,6 +54,8 @@ def variant(run: dict) -> str:
     schedule += f", {batch} prompts/step" if batch != 8 else ""
     engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
     dropped = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
+    # stop 92's runs with GRESO's pre-rollout filter (rlvr.skip_solved at f726cce, reverted: no gain, results.md)
+    dropped += f", solved prompts skipped at p {run['skip_solved']:g}" if run.get("skip_solved") else ""
     return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{dropped}, {len(run['steps'])} steps"
 
 
