@@ -7,6 +7,7 @@ and the RLVR policy vs the SFT policy per difficulty over seeds.
                           [--zero-advantage-groups keep|drop] [--prompts-per-step P] [--baseline-prompts-per-step 8]
                           [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
                           [--policy models/warmup]   # start from another policy than the SFT policy
+                          [--extra-train N]   # N fresh training questions besides the prepared 3,000
     python3 bench/rlvr.py --merge A.json B.json --out C.json     # join runs made apart (e.g. seeds in parallel)
 
 Run after `dvc repro` (needs models/sft, or the --policy given). Test accuracy is measured every --eval-every steps on
@@ -35,7 +36,7 @@ import torch  # noqa: E402
 from posttrain.params import ParamsError, with_overrides  # noqa: E402
 from posttrain.policy_accuracy import own_choice_accuracy  # noqa: E402
 from posttrain.tracking import bench_run  # noqa: E402
-from held_out import held_out_questions  # noqa: E402
+from held_out import TRAIN_SEED_OFFSET, held_out_questions  # noqa: E402
 from results_files import join_results  # noqa: E402
 from posttrain.jsonl import read_jsonl  # noqa: E402
 from stages.rlvr_ar3po import DATA, POLICY, train_rlvr  # noqa: E402
@@ -56,6 +57,8 @@ def variant(run: dict) -> str:
     dropped = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
     # stop 92's runs with GRESO's pre-rollout filter (rlvr.skip_solved at f726cce, reverted: no gain, results.md)
     dropped += f", solved prompts skipped at p {run['skip_solved']:g}" if run.get("skip_solved") else ""
+    questions = run.get("train_questions", 3_000)  # runs recorded before --extra-train all trained on the 3,000
+    dropped += f", {questions:,} training questions" if questions != 3_000 else ""
     return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{dropped}, {len(run['steps'])} steps"
 
 
@@ -173,7 +176,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
             "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
             "stages": cfg.stages, "vllm": cfg.vllm,
-            "prompts_per_step": cfg.prompts_per_step,
+            "prompts_per_step": cfg.prompts_per_step, "train_questions": len(train),
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
             "zero_advantage_share": totals["zero_advantage_prompts"] / max(totals["prompts"], 1),
@@ -272,6 +275,9 @@ def run() -> None:
     ap.add_argument("--eval-every", type=int, default=10, help="test accuracy every this many steps")
     ap.add_argument("--extra-test", type=int, default=0,
                     help="add this many fresh held-out questions to the test split (less noise per evaluation)")
+    ap.add_argument("--extra-train", type=int, default=0,
+                    help="train on N fresh questions of the task besides the prepared training split (3,000 questions "
+                         "saturate by a 400-step run's second pass over them)")
     ap.add_argument("--out", type=Path, default=OUT / "rlvr_bench.json", help="results JSON (the plot goes beside it)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for this process (default: one per core); running two benches side by "
@@ -311,8 +317,10 @@ def run() -> None:
     steps = args.steps or params.rlvr.max_steps
     splits = {s: read_jsonl(DATA / f"{s}.jsonl") for s in ("train", "dev", "test")}
     train = splits["train"][:params.rlvr.n_prompts]
-    test = splits["test"] + held_out_questions(params, args.extra_test, [r for s in splits.values() for r in s]) \
-        if args.extra_test else splits["test"]
+    taken = [r for s in splits.values() for r in s]
+    test = splits["test"] + held_out_questions(params, args.extra_test, taken) if args.extra_test else splits["test"]
+    if args.extra_train:  # fresh questions, disjoint from every split and the extra test ones, after the prepared
+        train = train + held_out_questions(params, args.extra_train, taken + test, TRAIN_SEED_OFFSET, "train-extra")
     runs = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with bench_run("rlvr", params):
