@@ -329,7 +329,8 @@ def run() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for algo in args.algos:
                 with mlflow.start_run(run_name=f"{algo} seed {seed}", nested=True,
-                                      tags={"posttrain.bench.variant": algo, "seed": str(seed)}):
+                                      tags={"posttrain.bench.variant": algo, "seed": str(seed),
+                                            "train_questions": str(len(train))}):
                     r = one_run(params_by_algo[algo], algo, seed, steps, args.eval_every, train, test, args.policy,
                                 args.checkpoints / args.out.stem / f"{algo}_s{seed}")
                     r["curve"][0]["test_accuracy"] = sft["accuracy"]
