@@ -54,12 +54,12 @@ def variant(run: dict) -> str:
     batch = run.get("prompts_per_step", 8)  # runs recorded before it was varied all took 8 prompts a step
     schedule += f", {batch} prompts/step" if batch != 8 else ""
     engine = f", vLLM {run['vllm']}" if run.get("vllm") else ""
-    dropped = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
+    extras = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
     # stop 92's runs with GRESO's pre-rollout filter (rlvr.skip_solved at f726cce, reverted: no gain, results.md)
-    dropped += f", solved prompts skipped at p {run['skip_solved']:g}" if run.get("skip_solved") else ""
+    extras += f", solved prompts skipped at p {run['skip_solved']:g}" if run.get("skip_solved") else ""
     questions = run.get("train_questions", 3_000)  # runs recorded before --extra-train all trained on the 3,000
-    dropped += f", {questions:,} training questions" if questions != 3_000 else ""
-    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{dropped}, {len(run['steps'])} steps"
+    extras += f", {questions:,} training questions" if questions != 3_000 else ""
+    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{extras}, {len(run['steps'])} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
