@@ -57,7 +57,8 @@ def variant(run: dict) -> str:
     extras = ", zero-advantage groups dropped" if run.get("zero_advantage_groups") == "drop" else ""
     # stop 92's runs with GRESO's pre-rollout filter (rlvr.skip_solved at f726cce, reverted: no gain, results.md)
     extras += f", solved prompts skipped at p {run['skip_solved']:g}" if run.get("skip_solved") else ""
-    if run["algo"] == "ar3po" and run.get("reuse", "correct") == "both":  # runs before stop 94 reused correct only
+    # stop 94's runs with reuse both ways (rlvr.reuse: both at 1ee41be, reverted: no gain, results.md)
+    if run.get("reuse") == "both":
         extras += ", reuse both ways" + (" (incorrect buffer seeded)" if run["incorrect_seed"] != "none" else "")
     questions = run.get("train_questions", 3_000)  # runs recorded before --extra-train all trained on the 3,000
     extras += f", {questions:,} training questions" if questions != 3_000 else ""
@@ -177,7 +178,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
             "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
-            "stages": cfg.stages, "vllm": cfg.vllm, "reuse": cfg.reuse, "incorrect_seed": cfg.incorrect_seed,
+            "stages": cfg.stages, "vllm": cfg.vllm,
             "prompts_per_step": cfg.prompts_per_step, "train_questions": len(train),
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
@@ -256,12 +257,6 @@ def run() -> None:
     ap.add_argument("--buffer-seed", choices=["none", "reference"], default=None,
                     help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference "
                          "solutions)")
-    ap.add_argument("--reuse", choices=["correct", "both"], default=None,
-                    help="override rlvr.reuse (ar3po: both also gives an all-correct group an earlier incorrect "
-                         "response, so its correct responses get an advantage)")
-    ap.add_argument("--incorrect-seed", choices=["none", "wrong_answer"], default=None,
-                    help="override rlvr.incorrect_seed (ar3po, reuse both: start the incorrect buffer from the "
-                         "reference solutions with their answer off by one)")
     ap.add_argument("--zero-advantage-groups", choices=["keep", "drop"], default=None,
                     help="override rlvr.zero_advantage_groups (ar3po / grpo: drop takes groups without advantage out "
                          "of the batch and its token count)")
@@ -307,7 +302,6 @@ def run() -> None:
         torch.set_num_threads(args.threads)
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
                                              ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k),
-                                             ("reuse", args.reuse), ("incorrect_seed", args.incorrect_seed),
                                              ("stages", args.stages), ("vllm", args.vllm),
                                              ("prompts_per_step", args.prompts_per_step))
                  if v is not None}

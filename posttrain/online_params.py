@@ -139,13 +139,6 @@ class RlvrParams(OnlinePolicyParams):
     buffer_seed: Literal["none", "reference"] = Field(
         description="ar3po: the replay buffer before step 1: empty, or each training question's reference solution "
                     "(verified); reuse then fires on every all-wrong group, not only on questions seen before")
-    reuse: Literal["correct", "both"] = Field(
-        description="ar3po: an all-wrong group takes an earlier correct response (the paper), or also an all-correct "
-                    "group an earlier incorrect one, so its correct responses get a positive advantage (both)")
-    incorrect_seed: Literal["none", "wrong_answer"] = Field(
-        description="ar3po with reuse both: the incorrect-response buffer before step 1: empty (reuse fires only on "
-                    "questions the policy once got wrong), or each question's reference solution with its final "
-                    "answer off by one (verified wrong)")
     zero_advantage_groups: Literal["keep", "drop"] = Field(
         description="ar3po / grpo: groups whose rewards are all equal stay in the batch (KL-penalty tokens only, "
                     "as TRL's GRPO) or leave it, so the loss is normalised over the groups with a policy gradient "

@@ -84,26 +84,18 @@ class VerifierReward:
         return [float(r["correct"]) for r in rows]
 
 
-def reference_responses(records: list[dict], verifier: VerifierReward, tokenizer, wrong: bool = False
-                        ) -> list[Response]:
+def reference_responses(records: list[dict], verifier: VerifierReward, tokenizer) -> list[Response]:
     """Each training question's reference solution (own-choice format, ``cot``), kept only where the verifier
-    accepts it: the replay buffer's seed under ``rlvr.buffer_seed: reference``. With ``wrong`` its final answer is
-    off by one, kept only where the verifier rejects it: the incorrect buffer's seed (``rlvr.incorrect_seed``).
+    accepts it: the replay buffer's seed under ``rlvr.buffer_seed: reference``.
 
     A reused response shapes its group's baseline and never enters the batch, so only its verified reward
     matters to the update; its text is what a later look at the buffer shows.
     """
     prompts = [prompt(r["question"]) for r in records]
-    texts = []
-    for r in records:
-        problem = Problem.from_fields(r)
-        text = render_response(problem, BY_NAME["cot"])
-        if wrong:  # a cot solution ends with its answer line
-            text = f"{text.rsplit('Answer: ', 1)[0]}Answer: {problem.answer + 1}"
-        texts.append(f" {BY_NAME['cot'].name}\n{text}")
+    texts = [f" {BY_NAME['cot'].name}\n{render_response(Problem.from_fields(r), BY_NAME['cot'])}" for r in records]
     rewards = verifier(prompts, texts)
     return [Response(p, t, reward, len(tokenizer(t, add_special_tokens=False).input_ids))
-            for p, t, reward in zip(prompts, texts, rewards) if (reward > 0) != wrong]
+            for p, t, reward in zip(prompts, texts, rewards) if reward > 0]
 
 
 def rlvr_config(cfg, out: str | Path, seed: int) -> CredentialFreeGRPOConfig:
@@ -156,8 +148,6 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         self.rlvr = rlvr
         self.verifier: VerifierReward = self.reward_funcs[0]
         self.buffer = ReplayBuffer(rlvr.buffer_cap, seed)
-        # rlvr.reuse both: earlier incorrect responses, for the groups that are all correct
-        self.incorrect_buffer = ReplayBuffer(rlvr.buffer_cap, seed + 2) if rlvr.reuse == "both" else None
         self.prompt_rng = random.Random(seed + 1)  # DAPO's extra prompts
         self.all_prompts = sorted(set(self.train_dataset["prompt"]))
         # every prompt's difficulty, DAPO's extra draws included (they are not in a step's inputs)
@@ -199,8 +189,7 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         if cfg.algo == "dapo":
             return dynamic_sampling(prompts, cfg.n_responses, self._sample_across_processes, self._more_prompts(),
                                     cfg.max_rounds, min_groups=self.accelerator.num_processes)
-        return adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample_across_processes, self.buffer,
-                                self.incorrect_buffer)
+        return adaptive_rollout(prompts, cfg.stages, cfg.k, self._sample_across_processes, self.buffer)
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
         device = self.accelerator.device
@@ -261,8 +250,6 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
                             "zero_advantage_unsolved_prompts": census.zero_advantage_unsolved,
                             "signal_responses": census.signal_responses})
         self.totals["generation_seconds"] += self._generation_seconds
-        if self.incorrect_buffer is not None:
-            self.totals["incorrect_buffer_hits"] += stats.incorrect_buffer_hits
         shares = {  # a group without advantage is either unsolved (AR3PO's reuse targets those) or all correct;
             # the signal share is what a generated response buys: DAPO's discarded groups and the responses in
             # groups without advantage carry none
@@ -285,9 +272,6 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
             # previous step's total, and TRL's log averages a step's values
             **{f"rollout/total_{k}": v for k, v in self.totals.items() if k != "training_seconds"},
         }
-        if self.incorrect_buffer is not None:
-            metrics.update({"rollout/incorrect_buffer_hits": stats.incorrect_buffer_hits,
-                            "rollout/incorrect_buffer_size": len(self.incorrect_buffer)})
         by_difficulty = defaultdict(list)
         for p, n in stats.per_prompt.items():
             if self.difficulty.get(p) is not None:
@@ -313,15 +297,12 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         calls it after every other callback, so ``ROLLOUT_STATE`` marks a complete checkpoint)."""
         atomic_write_json(Path(checkpoint) / ROLLOUT_STATE,
                           {"buffer": self.buffer.state_dict(), "totals": dict(self.totals), "curve": self.curve,
-                           "prompt_rng": rng_state(self.prompt_rng),
-                           "incorrect_buffer": None if self.incorrect_buffer is None else self.incorrect_buffer.state_dict()})
+                           "prompt_rng": rng_state(self.prompt_rng)})
 
     def load_rollout_state(self, checkpoint: str | Path) -> None:
         """Restore the replay buffer, the prompt sampler and the totals saved with ``checkpoint``."""
         state = json.loads((Path(checkpoint) / ROLLOUT_STATE).read_text())
         self.buffer.load_state_dict(state["buffer"])
-        if self.incorrect_buffer is not None:  # the checkpoint's rlvr params are these (claim_checkpoint_dir)
-            self.incorrect_buffer.load_state_dict(state["incorrect_buffer"])
         self.totals = Counter(state["totals"])
         self.curve = state["curve"]
         set_rng_state(self.prompt_rng, state["prompt_rng"])

@@ -10,9 +10,7 @@ callback that returns k scored responses per prompt (the policy plus the verifie
 - ``adaptive_rollout`` (AR3PO): S stages of k responses for the prompts still without a correct response (a
   prompt leaves the pool at its first correct one); after S stages a prompt with none takes one earlier correct
   response from the ``ReplayBuffer`` in place of one incorrect response. The reused response is stop-gradient:
-  it only shapes the group baseline, so the on-policy incorrect responses get a negative advantage. With an
-  ``incorrect_buffer`` reuse runs both ways: a prompt whose responses are all correct takes one earlier incorrect
-  response (added to the group, stop-gradient too), so its on-policy correct responses get a positive advantage.
+  it only shapes the group baseline, so the on-policy incorrect responses get a negative advantage.
 
 Example:
     >>> import random
@@ -57,7 +55,6 @@ class RolloutStats:
     tokens: int = 0  # tokens generated
     rounds: int = 0  # generation calls (stages for AR3PO, rounds for DAPO)
     buffer_hits: int = 0  # prompts that took a response from the replay buffer
-    incorrect_buffer_hits: int = 0  # all-correct prompts that took an earlier incorrect response
     per_prompt: Counter = field(default_factory=Counter)  # responses generated per prompt
     solved: set = field(default_factory=set)  # prompts with a correct generated response
 
@@ -75,8 +72,7 @@ class RolloutStats:
 
 
 class ReplayBuffer:
-    """Earlier responses of one kind (correct, or incorrect) per prompt, at most ``cap`` each (the oldest leaves
-    first); drawn uniformly."""
+    """Correct responses per prompt, at most ``cap`` each (the oldest leaves first); drawn uniformly."""
 
     def __init__(self, cap: int, seed: int = 0):
         self.cap = cap
@@ -225,20 +221,9 @@ def fresh_prompts(more_prompts: Iterator[str], count: int, taken: set[str], max_
     return out
 
 
-def adaptive_rollout(prompts: list[str], stages: int, k: int, sample: SampleFn, buffer: ReplayBuffer,
-                     incorrect_buffer: ReplayBuffer | None = None) -> tuple[dict[str, list[Response]], RolloutStats]:
-    """AR3PO: S stages of k responses for the still-unsolved prompts, then response reuse from ``buffer`` (and, given
-    an ``incorrect_buffer``, reuse of an earlier incorrect response in the groups that are all correct).
-
-    Example (reuse both ways; "easy" failed once before, so its correct responses now beat a baseline below 1):
-        >>> def sample(prompts, k):
-        ...     return [[Response(p, "r", float(p == "easy"), 3) for _ in range(k)] for p in prompts]
-        >>> wrong = ReplayBuffer(2)
-        >>> wrong.add(Response("easy", "slip", 0.0, 3))
-        >>> groups, stats = adaptive_rollout(["easy"], 3, 2, sample, ReplayBuffer(2), incorrect_buffer=wrong)
-        >>> [r.reward for r in groups["easy"]], [round(a, 2) for a in group_advantages([1.0, 1.0, 0.0])]
-        ([1.0, 1.0, 0.0], [0.58, 0.58, -1.15])
-    """
+def adaptive_rollout(prompts: list[str], stages: int, k: int, sample: SampleFn,
+                     buffer: ReplayBuffer) -> tuple[dict[str, list[Response]], RolloutStats]:
+    """AR3PO: S stages of k responses for the still-unsolved prompts, then response reuse from ``buffer``."""
     stats = RolloutStats()
     groups: dict[str, list[Response]] = {p: [] for p in prompts}
     active = list(prompts)
@@ -254,21 +239,11 @@ def adaptive_rollout(prompts: list[str], stages: int, k: int, sample: SampleFn, 
         active = [p for p in active if not any(r.reward > 0 for r in groups[p])]
     for p, rs in groups.items():
         correct = [r for r in rs if r.reward > 0]
-        if incorrect_buffer is not None:  # 3. newly found responses enter their buffer
-            for r in rs:
-                if r.reward <= 0:
-                    incorrect_buffer.add(r)
         if correct:
-            for r in correct:
+            for r in correct:  # 3. newly found correct responses enter the buffer
                 buffer.add(r)
-            # 4. (reuse both ways) all correct: one earlier incorrect response joins the group, appended rather than
-            # in place of a correct one, so with k = 2 both on-policy responses keep their gradient
-            old = incorrect_buffer.draw(p) if incorrect_buffer is not None and len(correct) == len(rs) else None
-            if old is not None:
-                rs.append(Response(old.prompt, old.text, old.reward, old.n_tokens, old.payload, reused=True))
-                stats.incorrect_buffer_hits += 1
             continue
-        # 5. no correct response after S stages: one earlier correct response replaces one incorrect one
+        # 4. no correct response after S stages: one earlier correct response replaces one incorrect one
         old = buffer.draw(p)
         if old is not None:
             rs[-1] = Response(old.prompt, old.text, old.reward, old.n_tokens, old.payload, reused=True)

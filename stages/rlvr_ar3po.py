@@ -6,8 +6,6 @@ n) or ``dapo`` (dynamic sampling). Training is TRL's GRPOTrainer with the rollou
 ``rlvr.save_steps`` with the replay buffer and sampler state (a killed run resumes), dev accuracy every
 ``rlvr.dev_every`` steps, rollout cost per step in MLflow. With ``rlvr.buffer_seed: reference`` AR3PO's replay
 buffer starts with each question's verified reference solution, so reuse can fire on a question's first visit.
-With ``rlvr.reuse: both`` an all-correct group also takes an earlier incorrect response (``rlvr.incorrect_seed:
-wrong_answer`` starts that buffer with each reference solution's answer off by one).
 
 Writes models/rlvr and reports/metrics/rlvr_ar3po.json: test accuracy of the SFT and the RLVR policy (own
 choice, per difficulty), the rollout totals (responses, tokens, generation vs training seconds, buffer hits,
@@ -68,34 +66,23 @@ def train_rlvr(params: Params, train: list[dict], eval_records: list[dict], out:
             mlflow.set_tag("rlvr_ar3po.resumed_from", resume)
         trainer.load_rollout_state(resume)  # the buffer, seeded or grown, comes back as it was saved
         dev_cb.restore(resume)
-    elif cfg.algo == "ar3po":
-        seed_buffers(trainer, cfg, train, reward, tokenizer)
-    trainer.train(resume_from_checkpoint=resume)
-    with atomic_dir(out) as tmp:
-        save_trained(trainer, tokenizer, tmp)
-    return trainer, dev_cb  # the checkpoints stay (see claim_checkpoint_dir)
-
-
-def seed_buffers(trainer: RLVRTrainer, cfg, train: list[dict], reward: VerifierReward, tokenizer) -> None:
-    """AR3PO's buffers before step 1, as ``rlvr.buffer_seed`` and ``rlvr.incorrect_seed`` say: each training question's
-    verified reference solution, and (reuse both) the same with its answer off by one, verified wrong. The ranks of a
-    multi-process launch run one schedule, so one buffer: rank 0 verifies, the others receive."""
-    wanted = [(trainer.buffer, False)] if cfg.buffer_seed == "reference" else []
-    if trainer.incorrect_buffer is not None and cfg.incorrect_seed == "wrong_answer":
-        wanted.append((trainer.incorrect_buffer, True))
-    for buffer, wrong in wanted:
+    elif cfg.algo == "ar3po" and cfg.buffer_seed == "reference":
+        # the ranks of a multi-process launch run one schedule, so one buffer: rank 0 verifies, the others receive
         acc = trainer.accelerator
-        seeds = [reference_responses(train, reward, tokenizer, wrong) if acc.is_main_process else None]
+        seeds = [reference_responses(train, reward, tokenizer) if acc.is_main_process else None]
         if acc.num_processes > 1:
             broadcast_object_list(seeds)
         seeds = seeds[0]
         for r in seeds:
-            buffer.add(r)
-        kind = "wrong" if wrong else "verified"
-        print(f"rlvr_ar3po: {'incorrect' if wrong else 'replay'} buffer seeded with {len(seeds)} {kind} reference "
-              f"solutions of {len(train)} questions")
+            trainer.buffer.add(r)
+        print(f"rlvr_ar3po: replay buffer seeded with {len(seeds)} verified reference solutions "
+              f"of {len(train)} questions")
         if mlflow.active_run() is not None:
-            mlflow.log_metric("incorrect_buffer_seeded" if wrong else "buffer_seeded", len(seeds))
+            mlflow.log_metric("buffer_seeded", len(seeds))
+    trainer.train(resume_from_checkpoint=resume)
+    with atomic_dir(out) as tmp:
+        save_trained(trainer, tokenizer, tmp)
+    return trainer, dev_cb  # the checkpoints stay (see claim_checkpoint_dir)
 
 
 @stage_main

@@ -151,27 +151,6 @@ def test_reference_responses_seed_the_buffer_with_verified_solutions_only(tiny):
     never_right = lambda prompts, k: [[Response(p, "x", 0.0, 2) for _ in range(k)] for p in prompts]
     groups, stats = adaptive_rollout([seeds[0].prompt], stages=2, k=2, sample=never_right, buffer=buffer)
     assert stats.buffer_hits == 1 and [r.reward for r in groups[seeds[0].prompt]] == [0.0, 0.0, 0.0, 1.0]
-    # off by one, the same solutions seed the incorrect buffer; question 0's answer was moved up by one, so its
-    # "wrong" solution is right and is left out
-    wrong_seeds = reference_responses(tiny.records, reward, tiny.tok, wrong=True)
-    assert {r.prompt for r in wrong_seeds} == {prompt(r["question"]) for r in tiny.records[1:]}
-    assert all(r.reward == 0.0 for r in wrong_seeds)
-
-
-def test_reuse_both_ways_keeps_the_incorrect_buffer_in_the_checkpoint(tiny, tmp_path):
-    trainer = make_trainer(tiny, tmp_path, "ar3po", stages=2, k=2, reuse="both")
-    easy = prompt(tiny.records[1]["question"])
-    trainer.incorrect_buffer.add(Response(easy, "old wrong answer", 0.0, 3))
-    ids = tiny.tok(easy, add_special_tokens=False)["input_ids"]
-    trainer._sample = lambda prompts, k: [[Response(p, "x", 1.0, 2, (ids, [8, 9])) for _ in range(k)] for p in prompts]
-    batch = trainer._generate_and_score_completions([{"prompt": easy, "difficulty": 2}])
-    assert batch["advantages"].tolist() == pytest.approx([0.577, 0.577], rel=1e-3)  # group [1, 1, 0 (reused)]
-    assert trainer.totals["incorrect_buffer_hits"] == 1 and trainer.totals["zero_advantage_prompts"] == 0
-    trainer.save_rollout_state(tmp_path)
-    resumed = make_trainer(tiny, tmp_path / "again", "ar3po", reuse="both")
-    resumed.load_rollout_state(tmp_path)
-    assert [r.text for r in resumed.incorrect_buffer.by_prompt[easy]] == ["old wrong answer"]
-    assert make_trainer(tiny, tmp_path / "paper", "ar3po").incorrect_buffer is None  # reuse: correct (the paper)
 
 
 class LoggedTotals(TrainerCallback):

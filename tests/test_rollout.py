@@ -89,32 +89,6 @@ def test_the_census_splits_zero_advantage_groups_and_counts_only_generated_signa
     assert all(a != 0 for g in (rows[0], rows[3]) for _, a in g)
 
 
-def test_reuse_both_ways_gives_an_all_correct_group_one_earlier_incorrect_response():
-    buffer, incorrect = ReplayBuffer(cap=2), ReplayBuffer(cap=2)
-    incorrect.add(Response("easy", "an earlier slip", 0.0, 4))
-    # "easy" is all right now, "fresh" too but was never wrong, "mixed" is right on one response of two, "hard" never
-    right = {"easy": [1.0, 1.0], "fresh": [1.0, 1.0], "mixed": [1.0, 0.0], "hard": [0.0, 0.0]}
-    sample = lambda prompts, k: [[Response(p, f"{p}-{i}", right[p][i], 5) for i in range(k)] for p in prompts]
-    groups, stats = adaptive_rollout(["easy", "fresh", "mixed", "hard"], stages=2, k=2, sample=sample, buffer=buffer,
-                                     incorrect_buffer=incorrect)
-    assert stats.incorrect_buffer_hits == 1 and stats.generated == 2 + 2 + 2 + 4
-    easy = groups["easy"]
-    assert [(r.text, r.reused) for r in easy][-1] == ("an earlier slip", True) and len(easy) == 3  # appended
-    rows, census = advantages_by_group(groups)
-    by_prompt = dict(zip(groups, rows))
-    assert [round(a, 3) for _, a in by_prompt["easy"]] == [0.577, 0.577]  # (1 - 2/3) / 0.577: both keep a gradient
-    assert all(a == 0 for _, a in by_prompt["fresh"])  # never wrong before: no incorrect response to take
-    assert sum(r.reused for r in groups["mixed"]) == 0  # already has an advantage: nothing taken
-    # the wrong answers generated now enter the incorrect buffer, and the next visit of "mixed" can take one
-    assert {r.text for r in incorrect.by_prompt["mixed"]} == {"mixed-1"}
-    assert [r.text for r in incorrect.by_prompt["hard"]] == ["hard-0", "hard-1"]  # 4 wrong answers, each text once
-    # all right on its next visit, "mixed" takes one of them
-    everything_right = lambda prompts, k: [[Response(p, "ok", 1.0, 3) for _ in range(k)] for p in prompts]
-    again, stats = adaptive_rollout(["mixed"], stages=2, k=2, sample=everything_right, buffer=buffer,
-                                    incorrect_buffer=incorrect)
-    assert stats.incorrect_buffer_hits == 1 and [r.reward for r in again["mixed"]] == [1.0, 1.0, 0.0]
-
-
 def test_new_correct_responses_enter_the_buffer_and_the_cap_holds():
     buffer = ReplayBuffer(cap=2)
     sample = scheduled_policy({"a": 1})
