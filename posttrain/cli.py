@@ -40,7 +40,8 @@ def prepared_records() -> list[dict]:
 
 
 def serve_judge(port: int) -> int:
-    """The judge of params.yaml (backend, latency, faults) over the records in data/prepared, on loopback."""
+    """The judge of params.yaml (backend, latency, faults, mistake rate) over the records in data/prepared, on
+    loopback."""
     import time
 
     from posttrain.judge_server import JudgeService, build_app, hf_backend, verifier_backend
@@ -48,7 +49,8 @@ def serve_judge(port: int) -> int:
     params = load_params()
     cfg = params.judge
     # only the verifier reads the task's records: an hf judge serves before prepare has run
-    judge = verifier_backend(prepared_records()) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
+    judge = (verifier_backend(prepared_records(), cfg.mistake_rate) if cfg.backend == "verifier"
+             else hf_backend(cfg.hf_model))
     # faults drawn from params' seed, as the rlhf_routed stage's service draws them (judge_endpoint)
     app = build_app(judge, cfg.model, cfg.latency_s, cfg.faults, params.seed)
     try:

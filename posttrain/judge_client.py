@@ -129,12 +129,15 @@ def judge_identity(cfg) -> list:
     """Who answers, for the cache key: the model name and temperature; a remote judge also by its endpoint (one
     model name served by two servers, say a quantised copy, is two judges), credentials left out; the local
     service by its backend (the default model name is the same whichever backend serves it, and a verifier's
-    verdicts must not be served as an HF model's), an HF judge also by its files' sizes and times, so one retrained
-    in place is asked anew. The local service's URL is left out: its port is new on every run."""
+    verdicts must not be served as an HF model's) and a fallible verifier by its mistake rate, an HF judge also by
+    its files' sizes and times, so one retrained in place is asked anew. The local service's URL is left out: its
+    port is new on every run."""
     if cfg.base_url is not None:
         url = httpx.URL(cfg.base_url)
         return [cfg.model, cfg.temperature, [url.scheme, url.host, url.port, url.path.rstrip("/")]]
     local = [cfg.backend, cfg.hf_model if cfg.backend == "hf" else None]
+    if cfg.backend == "verifier" and cfg.mistake_rate > 0:  # a fallible verifier is another judge; 0 keeps old keys
+        local.append(["mistake_rate", cfg.mistake_rate])
     if cfg.backend == "hf" and Path(cfg.hf_model).is_dir():
         local.append(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
                             for f in Path(cfg.hf_model).iterdir() if f.is_file()))

@@ -6,7 +6,8 @@ Backends:
   task verifier (``pot`` programs run in the sandbox): the right response wins; both right or both wrong is
   a tie. Its answer carries some reasoning text before the verdict line, like a real judge's. Optional
   latency and injected faults (5xx, 429, hangs, broken bodies, verdict-less answers, dropped connections) from params make it
-  behave like a slow, flaky remote model.
+  behave like a slow, flaky remote model; a mistake rate makes it fallible, as a real judge is (the paper's
+  DeepSeek-R1 is right on 92.3% of RewardBench): that share of pairs gets the wrong verdict.
 - ``hf``: a local Hugging Face causal LM generates the judgement from the prompt (any chat model works).
 
 Start it with ``JudgeService(...).start()`` (a free port, a background thread; ``stop()`` ends it) or
@@ -20,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
@@ -57,8 +59,31 @@ class UnknownQuestion(ValueError):
     """The verifier judge was asked about a question its records do not hold: it cannot check the answers."""
 
 
-def verifier_backend(records: list[dict]):
-    """A judge function (messages -> text) that decides by the task verifier."""
+def mistaken(question: str, a: str, b: str, mistake_rate: float, draw: int = 0) -> bool:
+    """Whether the fallible verifier judge gets this pair wrong: a fixed draw per question and unordered pair of
+    responses, so both orders of a pair, a re-run and the cache all agree, and the pairs judged wrong at a lower
+    rate are among those judged wrong at a higher one. Another ``draw`` is another judge, as fallible (a bench's
+    spread over judges; the service is always draw 0, which the cache key assumes)."""
+    if mistake_rate <= 0:
+        return False
+    digest = hashlib.sha256("\0".join([str(draw), question.strip(), *sorted((a, b))]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < mistake_rate
+
+
+def mistake(verdicts: list[dict], a: str, b: str) -> list[dict]:
+    """The verdicts a mistaken judge reaches: the wrong side of a decisive pair; on a tie (both right or both
+    wrong) a preference for one response, the same one in both orders."""
+    if verdicts[0]["correct"] != verdicts[1]["correct"]:
+        return [{**v, "correct": not v["correct"]} for v in verdicts]
+    if a == b:  # one response twice: no side to prefer
+        return verdicts
+    first = a < b
+    return [{**verdicts[0], "correct": first}, {**verdicts[1], "correct": not first}]
+
+
+def verifier_backend(records: list[dict], mistake_rate: float = 0.0, draw: int = 0):
+    """A judge function (messages -> text) that decides by the task verifier, wrong on a ``mistake_rate`` share
+    of the pairs (see ``mistaken``)."""
     by_question = {r["question"].strip(): r for r in records}
 
     def judge(messages: list[dict]) -> str:
@@ -71,7 +96,10 @@ def verifier_backend(records: list[dict]):
             raise UnknownQuestion(f"the verifier judge has no record of the question {question[:60]!r}")
         # an own-choice response names its trajectory on the first line; plain text counts as cot
         fmts = [OWN_CHOICE if split_choice(x)[0] else "cot" for x in (a, b)]
-        return _verdict_text(question, score_responses([rec, rec], fmts, [a, b]))
+        verdicts = score_responses([rec, rec], fmts, [a, b])
+        if mistaken(question, a, b, mistake_rate, draw):
+            verdicts = mistake(verdicts, a, b)
+        return _verdict_text(question, verdicts)
 
     return judge
 
@@ -298,7 +326,7 @@ def judge_endpoint(cfg, records: list[dict], seed: int = 0):
     if cfg.base_url:
         yield cfg.base_url
         return
-    judge = verifier_backend(records) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
+    judge = verifier_backend(records, cfg.mistake_rate) if cfg.backend == "verifier" else hf_backend(cfg.hf_model)
     with JudgeService(build_app(judge, cfg.model, cfg.latency_s, cfg.faults, seed)) as svc:
         print(f"judge: local {cfg.backend} service on {svc.base_url}")
         yield svc.base_url

@@ -55,6 +55,9 @@ class JudgeParams(Section):
     faults: dict[JudgeFault, float] = Field(description="local service: fault -> probability per request (http_500, "
                                                         "http_429, timeout, malformed_json, truncated_json, "
                                                         "no_verdict, connection_reset)")
+    mistake_rate: float = Field(ge=0, le=1, description="local verifier service: share of pairs it judges wrong, a "
+                                                        "fixed draw per pair (a fallible judge; DeepSeek-R1 errs on "
+                                                        "0.077 of RewardBench)")
 
     @field_validator("faults")
     @classmethod

@@ -14,7 +14,7 @@ import pytest
 
 from posttrain.judge_client import JudgeCache, JudgeClient, JudgeConfigError, judge_identity
 from posttrain.judge_prompt import combine_orders, judge_messages, parse_verdict, read_messages
-from posttrain.judge_server import JudgeService, build_app, verifier_backend
+from posttrain.judge_server import JudgeService, build_app, mistaken, verifier_backend
 from posttrain.params import load_params
 
 RECORDS = [{"id": f"q{i}", "question": f"Compute {i} + 1.", "answer": i + 1, "difficulty": 1} for i in range(8)]
@@ -305,6 +305,33 @@ def test_the_cache_keeps_one_backends_verdicts_from_another(service, tmp_path):
     assert hf.ledger.calls == 2 and hf.ledger.cache_hits == 0  # same model name, another judge: asked again
     again = JudgeClient(cfg(base_url=None, backend="verifier"), svc.base_url, JudgeCache(tmp_path / "c.sqlite"))
     assert again.judge(triples(2)) == ["A", "A"] and again.ledger.calls == 0
+
+
+def test_a_fallible_verifier_judge_errs_on_its_share_of_pairs_the_same_way_in_both_orders(tmp_path):
+    svc = JudgeService(build_app(verifier_backend(RECORDS, mistake_rate=1.0), "verifier-judge")).start()
+    try:
+        client = JudgeClient(cfg(both_orders=True, mistake_rate=1.0), svc.base_url)
+        ts = triples()
+        # every decisive pair goes to the wrong response, in both orders alike (no position-bias tie)
+        assert client.judge(ts) == ["B"] * 4 and client.ledger.calls == 8
+        assert client.judge([(q, b, a) for q, a, b in ts]) == ["A"] * 4
+        # two right answers: no tie, but one response preferred whichever side it is on
+        q, right = ts[0][0], ts[0][1]
+        other = "Answer: 1"
+        first = client.judge([(q, right, other)])[0]
+        assert first in ("A", "B") and client.judge([(q, other, right)]) == [{"A": "B", "B": "A"}[first]]
+    finally:
+        svc.stop()
+    # the draw: the share asked for, a fixed function of the unordered pair, nested across rates
+    pairs = [(f"Compute {i} + 1.", f"Answer: {i}", f"Answer: {i + 1}") for i in range(4000)]
+    at = {rate: {i for i, (q, a, b) in enumerate(pairs) if mistaken(q, a, b, rate)} for rate in (0.0, 0.05, 0.1)}
+    assert not at[0.0] and at[0.05] <= at[0.1]
+    assert abs(len(at[0.1]) / len(pairs) - 0.1) < 0.015 and abs(len(at[0.05]) / len(pairs) - 0.05) < 0.01
+    assert all(mistaken(q, b, a, 0.1) == (i in at[0.1]) for i, (q, a, b) in enumerate(pairs))
+    # a fallible verifier is another judge for the cache; a faultless one keeps the keys it always had
+    faultless = judge_identity(cfg(backend="verifier", base_url=None))
+    assert judge_identity(cfg(backend="verifier", base_url=None, mistake_rate=0.1)) != faultless
+    assert "mistake_rate" not in json.dumps(faultless)
 
 
 def test_an_hf_judge_retrained_in_place_is_not_served_its_old_verdicts(tmp_path):

@@ -48,6 +48,8 @@ def test_profiles_have_the_same_keys():
      "expected 'http_500', 'http_429', 'timeout', 'malformed_json', 'truncated_json', 'no_verdict' or 'connection_reset'"),
     (lambda r: r["judge"].update(faults={"http_500": 0.7, "timeout": 0.7}),
      "params.yaml: judge.faults: each probability must be in [0, 1] and they must sum to at most 1"),
+    (lambda r: r["judge"].update(mistake_rate=1.5),
+     "params.yaml: judge.mistake_rate: got 1.5, expected less than or equal to 1"),
     (lambda r: r["sft"].update(deepspeed="zero9.json"),
      "params.yaml: sft.deepspeed: 'zero9.json' is not a readable JSON file (FileNotFoundError)"),
     (lambda r: r["model"].update(num_heads=5), "params.yaml: model: num_heads (5) must divide hidden_size"),
