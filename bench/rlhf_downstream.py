@@ -6,7 +6,7 @@ test accuracy of each resulting policy and what its judge cost.
                                      [--budget B] [--same-answer judge|skip|tie]
                                      [--route-score uncertainty|expected_gain] [--route-unit pair|comparison]
                                      [--extra-test 960] [--pm DIR] [--learning-rate LR] [--kl-beta B]
-                                     [--unrouted pm|expected_verdict]
+                                     [--unrouted pm|expected_verdict] [--judge-mistake-rate E]
     python3 bench/rlhf_downstream.py --merge A.json B.json --out C.json   # join runs made apart (in parallel)
 
 Run after `dvc repro` (needs models/sft, models/rm). Every run has its own empty judge cache, so its cost is
@@ -92,7 +92,8 @@ def variant(run: dict) -> str:
     (``reads_pm``). Runs that do not record their PM predate ``routing.right_side`` (both came in one commit):
     their expected_gain took the side from the PM's p alone. A learning rate or KL coefficient other than the
     ones every run used before they were recorded (5e-5, 0.04) is named too, and so is a run length other than 60
-    steps (``rlhf.max_steps``; before it was recorded, the dev history's last step)."""
+    steps (``rlhf.max_steps``; before it was recorded, the dev history's last step), and a fallible judge
+    (``judge.mistake_rate`` above 0; before it was recorded, the judge was always right)."""
     suffix = "" if run.get("same_answer", "judge") == "judge" else f", same answer: {run['same_answer']}"
     steps = run.get("steps") or (run["dev_accuracy"][-1][0] if run.get("dev_accuracy") else 60)
     if steps != 60:
@@ -103,6 +104,8 @@ def variant(run: dict) -> str:
         suffix += f", lr {run['learning_rate']:g}"
     if run.get("kl_beta", 0.04) != 0.04:
         suffix += f", KL {run['kl_beta']:g}"
+    if run.get("judge_mistake_rate", 0.0) > 0:
+        suffix += f", judge wrong on {run['judge_mistake_rate']:g}"
     if reads_pm(run) and Path(run.get("pm", PM_DIR)) != Path(PM_DIR):
         suffix += f", PM {Path(run['pm']).name}"
     if run["routing"] in BUDGETED and run.get("route_unit", "pair") == "comparison":
@@ -151,6 +154,7 @@ def one_run(params, routing: str, seed: int, steps: int, base_url: str, pm_dir: 
             "same_answer": cfg.same_answer,
             "route_score": cfg.route_score, "route_unit": cfg.route_unit, "learning_rate": cfg.learning_rate,
             "kl_beta": cfg.kl_beta, "unrouted": unrouted, "steps": steps, "seed": seed,
+            "judge_mistake_rate": params.judge.mistake_rate,
             "test_accuracy": test["accuracy"],
             "test_by_difficulty": test["by_difficulty"], "test_by_kind": test.get("by_kind"),
             "dev_accuracy": dev_cb.history,
@@ -239,6 +243,8 @@ def run() -> None:
                          "difficulty count; none of them in train, dev or test), for less noise per evaluation")
     ap.add_argument("--pm", default=PM_DIR,
                     help="the PM every run routes with (e.g. one bench/preference.py --save-dir kept)")
+    ap.add_argument("--judge-mistake-rate", type=float, default=None,
+                    help="the local verifier judge's share of pairs judged wrong (default: judge.mistake_rate)")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, default=OUT, help="results JSON (partial results are written after each run)")
     ap.add_argument("--threads", type=int, default=None,
@@ -258,7 +264,8 @@ def run() -> None:
     try:  # validated as params.yaml is: --budget 10 (meant as percent) stops here, naming rlhf.budget
         overrides = {"rlhf.budget": args.budget, "rlhf.same_answer": args.same_answer,
                      "rlhf.route_score": args.route_score, "rlhf.route_unit": args.route_unit,
-                     "rlhf.learning_rate": args.learning_rate, "rlhf.kl_beta": args.kl_beta}
+                     "rlhf.learning_rate": args.learning_rate, "rlhf.kl_beta": args.kl_beta,
+                     "judge.mistake_rate": args.judge_mistake_rate}
         params = with_overrides("params.yaml", {k: v for k, v in overrides.items() if v is not None}, out=None)
     except ParamsError as e:
         ap.error(str(e))
