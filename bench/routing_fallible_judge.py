@@ -119,7 +119,7 @@ def plot(summary: dict, path: Path, budget: str = "0.1") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.05, 0.077, 0.1, 0.15])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.025, 0.05, 0.077, 0.1, 0.15])
     parser.add_argument("--draws", type=int, default=10, help="draws of the judge's mistakes per rate above 0")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
