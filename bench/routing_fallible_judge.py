@@ -100,15 +100,16 @@ def plot(summary: dict, path: Path, budget: str = "0.1") -> None:
         left.errorbar(rates, [100 * s["mean"] for s in stats], yerr=[100 * s["sd"] for s in stats], fmt=style,
                       capsize=3, label=label)
     left.axhline(50, color="grey", lw=0.8)
+    left.set_ylim(0, 150)  # as the judge nears the PM the gap shrinks to a few pairs, and its share swings wide
     left.set(xlabel="judge mistake rate (share of pairs judged wrong)", ylabel="% of rm_only -> judge_only gap closed",
              title=f"At {float(budget):.0%} of the pairs judged (mean ± sd over draws)")
     left.legend(fontsize=8)
-    for rate in [r for r in rates if r in (0.0, 0.077)] or rates[:2]:
+    for rate, colour in zip([r for r in rates if r in (0.0, 0.077)] or rates[:2], ("tab:blue", "tab:green")):
         budgets = sorted(float(b) for b in summary[str(rate)]["budgets"])
         for key, style in (("gap_closed_uncertainty", "o-"), ("gap_closed_random", "s--")):
             right.plot([100 * b for b in budgets],
                        [100 * summary[str(rate)]["budgets"][str(b)][key]["mean"] for b in budgets], style,
-                       label=f"{key.removeprefix('gap_closed_')}, mistake rate {rate:g}")
+                       color=colour, label=f"{key.removeprefix('gap_closed_')}, mistake rate {rate:g}")
     right.axhline(50, color="grey", lw=0.8)
     right.set(xlabel="% of pairs judged", ylabel="% of the gap closed", title="The routing curve")
     right.legend(fontsize=8)
