@@ -2,7 +2,7 @@
 
 The stage's default judge, the task verifier, is right on every pair, so judge_only scores 1.0 and the gap
 rm_only -> judge_only is every pair the PM gets wrong (20.6% on the committed run): judging 10% of the pairs can
-close at most 48.5% of it. The paper's judge (DeepSeek-R1) is right on 92.3% of RewardBench. Here the local
+close at most 48.6% of it. The paper's judge (DeepSeek-R1) is right on 92.3% of RewardBench. Here the local
 verifier service judges a share of the pairs wrong (``judge.mistake_rate``, a fixed draw per pair, the same in
 both orders), and the stage's routing curve (``stages.rlhf_routed.evaluate_routing``: the same PM, benchmark,
 client over HTTP, budgets and random seeds) is measured per mistake rate over several draws of which pairs the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 from pathlib import Path
@@ -43,15 +42,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 OUT = Path("reports/bench/routing_fallible_judge.json")
 
 
-def oracle_inputs() -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """The decisive pairs' labels, the PM's logits and an oracle's u: 1 where the PM is wrong, else 0 (ties broken
-    at random), so a budget takes the PM's errors first; the judge's own errors are not known to it."""
+def oracle_inputs() -> tuple[list[tuple], list[str], torch.Tensor, torch.Tensor]:
+    """The decisive pairs (question, a, b), their labels, the PM's logits and an oracle's u: 1 where the PM is
+    wrong, else 0 (ties broken at random), so a budget takes the PM's errors first; the judge's own errors are not
+    known to it."""
     decisive = [(p, s) for p, s in zip(read_jsonl(BENCH), read_jsonl(SCORES), strict=True) if p["label"] != "tie"]
+    triples = [(p["question"], p["a"], p["b"]) for p, _ in decisive]
     labels = [p["label"] for p, _ in decisive]
     g = torch.tensor([s["g"] for _, s in decisive])
     pm_wrong = torch.tensor([float((g_i > 0) != (label == "A")) for g_i, label in zip(g.tolist(), labels)])
     jitter = torch.rand(len(labels), generator=torch.Generator().manual_seed(0)) * 1e-3  # ties broken at random
-    return labels, g, pm_wrong + jitter
+    return triples, labels, g, pm_wrong + jitter
 
 
 def measure(params, pm, records, rate: float, draw: int, oracle) -> dict:
@@ -63,8 +64,7 @@ def measure(params, pm, records, rate: float, draw: int, oracle) -> dict:
         client = JudgeClient(cfg, svc.base_url, JudgeCache(Path(tmp) / "judge.sqlite"))
         rows, summary = evaluate_routing(client, pm, rlhf.eval_budgets, rlhf.eval_seeds, rlhf.uncertainty_reduce)
         calls = client.ledger.calls
-        labels, g, u_oracle = oracle
-        triples = [(p["question"], p["a"], p["b"]) for p in read_jsonl(BENCH) if p["label"] != "tie"]
+        triples, labels, g, u_oracle = oracle
         verdicts = client.judge(triples)  # the same verdicts, from the cache
     oracle_rows = routing_curve(labels, g, u_oracle, verdicts, rlhf.eval_budgets, [0])
     oracle_summary = summarize_curve(oracle_rows)
