@@ -200,14 +200,18 @@ def compare_paired(runs: list[dict]) -> None:
 
 
 def plot(sft: dict, runs: list[dict], out: Path) -> None:
-    """Test accuracy against judge cost, one marker per run, the routing policy's mean as a larger one."""
+    """Test accuracy against judge cost, one marker per run, the routing policy's mean as a larger one. A variant
+    and its run against a fallible judge share a colour; the fallible judge's markers are diamonds."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ax.axhline(sft["accuracy"], color="grey", ls="--", lw=1, label="SFT policy")
-    for k, (name, rs) in enumerate(by_variant(runs).items()):
+    colours: dict[str, str] = {}
+    for name, rs in by_variant(runs).items():
+        colour = colours.setdefault(name.split(", judge wrong on")[0], f"C{len(colours)}")
+        marker = "D" if rs[0].get("judge_mistake_rate", 0.0) > 0 else "o"
         cost, acc = [r["judge_cost"] for r in rs], [r["test_accuracy"] for r in rs]
-        ax.scatter(cost, acc, color=f"C{k}", alpha=0.45, s=22)
-        ax.scatter([statistics.mean(cost)], [statistics.mean(acc)], color=f"C{k}", s=90, edgecolor="black",
-                   label=f"{name} (mean of {len(rs)})")
+        ax.scatter(cost, acc, color=colour, marker=marker, alpha=0.45, s=22)
+        ax.scatter([statistics.mean(cost)], [statistics.mean(acc)], color=colour, marker=marker, s=90,
+                   edgecolor="black", label=f"{name} (mean of {len(rs)})")
     ax.set_xlabel("judge cost per run (USD)")
     ax.set_ylabel("test accuracy after rlhf_routed")
     ax.set_title("Routed RLHF: accuracy vs judge cost")
