@@ -206,7 +206,7 @@ def plot(sft: dict, runs: list[dict], out: Path) -> None:
     ax.axhline(sft["accuracy"], color="grey", ls="--", lw=1, label="SFT policy")
     colours: dict[str, str] = {}
     for name, rs in by_variant(runs).items():
-        colour = colours.setdefault(name.split(", judge wrong on")[0], f"C{len(colours)}")
+        colour = colours.setdefault(variant({**rs[0], "judge_mistake_rate": 0.0}), f"C{len(colours)}")
         marker = "D" if rs[0].get("judge_mistake_rate", 0.0) > 0 else "o"
         cost, acc = [r["judge_cost"] for r in rs], [r["test_accuracy"] for r in rs]
         ax.scatter(cost, acc, color=colour, marker=marker, alpha=0.45, s=22)
