@@ -5,6 +5,7 @@ and the RLVR policy vs the SFT policy per difficulty over seeds.
     python3 bench/rlvr.py [--algos ar3po grpo dapo] [--seeds 1] [--first-seed 0] [--steps N] [--eval-every N] [--out F]
                           [--learning-rate LR] [--buffer-seed none|reference] [--k K] [--stages S] [--extra-test N]
                           [--zero-advantage-groups keep|drop] [--prompts-per-step P] [--baseline-prompts-per-step 8]
+                          [--num-iterations MU]   # optimizer steps per rollout (--steps counts optimizer steps)
                           [--vllm colocate]       # rollouts from TRL's vLLM engine (on a CPU: .venv-vllm's python)
                           [--policy models/warmup]   # start from another policy than the SFT policy
                           [--extra-train N]   # N fresh training questions besides the prepared 3,000
@@ -62,7 +63,9 @@ def variant(run: dict) -> str:
         extras += ", reuse both ways" + (" (incorrect buffer seeded)" if run["incorrect_seed"] != "none" else "")
     questions = run.get("train_questions", 3_000)  # runs recorded before --extra-train all trained on the 3,000
     extras += f", {questions:,} training questions" if questions != 3_000 else ""
-    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{extras}, {len(run['steps'])} steps"
+    mu = run.get("num_iterations", 1)  # runs recorded before --num-iterations took one optimizer step a rollout
+    extras += f", {mu} optimizer steps a rollout" if mu != 1 else ""
+    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{extras}, {len(run['steps']) * mu} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
@@ -167,18 +170,17 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
                                      policy=policy)
         final = own_choice_accuracy(f"{tmp}/policy", test, cfg.max_new_tokens, params.sandbox)
     totals = dict(trainer.totals)
-    cost = {c["step"]: c for c in trainer.curve}
     # the dev callback ran on the test split here: accuracy at each eval step with the cost so far
     curve = [{"step": 0, "test_accuracy": None, "responses": 0, "tokens": 0, "zero_advantage_share": 0.0}]
     cost_keys = ("responses", "tokens", "zero_advantage_share")
-    curve += [{"step": s, "test_accuracy": a, **{k: cost[s][k] for k in cost_keys}}
-              for s, a in dev_cb.history if s in cost]
+    curve += [{"step": s, "test_accuracy": a, **{k: trainer.cost_at(s)[k] for k in cost_keys}}
+              for s, a in dev_cb.history if trainer.cost_at(s)]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
             "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
-            "stages": cfg.stages, "vllm": cfg.vllm,
+            "stages": cfg.stages, "vllm": cfg.vllm, "num_iterations": cfg.num_iterations,
             "prompts_per_step": cfg.prompts_per_step, "train_questions": len(train),
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
@@ -262,6 +264,9 @@ def run() -> None:
                          "of the batch and its token count)")
     ap.add_argument("--k", type=int, default=None,
                     help="ar3po: responses per active prompt per stage (default: rlvr.k)")
+    ap.add_argument("--num-iterations", type=int, default=None,
+                    help="optimizer steps per rollout, every algorithm (GRPO's mu; default: rlvr.num_iterations); "
+                         "--steps counts optimizer steps, so --steps 800 --num-iterations 2 makes 400 rollouts")
     ap.add_argument("--stages", type=int, default=None, help="ar3po: rollout stages S (default: rlvr.stages)")
     ap.add_argument("--prompts-per-step", type=int, default=None,
                     help="override rlvr.prompts_per_step (prompts per optimizer step: more gives each step more "
@@ -303,7 +308,8 @@ def run() -> None:
     overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
                                              ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k),
                                              ("stages", args.stages), ("vllm", args.vllm),
-                                             ("prompts_per_step", args.prompts_per_step))
+                                             ("prompts_per_step", args.prompts_per_step),
+                                             ("num_iterations", args.num_iterations))
                  if v is not None}
     # an explicit --prompts-per-step holds for every algorithm; without it the baselines take their own
     baseline_overrides = overrides if args.prompts_per_step is not None else \

@@ -147,5 +147,8 @@ class RlvrParams(OnlinePolicyParams):
                     "as TRL's GRPO) or leave it, so the loss is normalised over the groups with a policy gradient "
                     "(dapo's batch holds only those)")
     max_rounds: int = Field(ge=1, description="dapo: generation rounds per step at most (the batch may stay short)")
+    num_iterations: int = Field(ge=1, description="optimizer steps on each rollout (TRL's num_iterations, GRPO's mu): "
+                                                  "a rollout every mu steps, the later steps clipped against the "
+                                                  "policy that sampled it; max_steps counts optimizer steps")
     n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
                                                    "(null = all); reuse needs prompts that come back")

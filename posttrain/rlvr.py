@@ -99,12 +99,13 @@ def reference_responses(records: list[dict], verifier: VerifierReward, tokenizer
 
 
 def rlvr_config(cfg, out: str | Path, seed: int) -> CredentialFreeGRPOConfig:
-    """TRL's GRPO settings from the ``rlvr`` params: one optimiser step per rollout, clipped, with KL."""
+    """TRL's GRPO settings from the ``rlvr`` params: ``num_iterations`` optimiser steps per rollout, clipped, with KL."""
     group = cfg.k if cfg.algo == "ar3po" else cfg.n_responses
     return CredentialFreeGRPOConfig(
         output_dir=str(out), max_steps=cfg.max_steps, num_generations=group,
         per_device_train_batch_size=cfg.prompts_per_step * group, gradient_accumulation_steps=1,
-        learning_rate=cfg.learning_rate, beta=cfg.kl_beta, epsilon=cfg.clip_epsilon, loss_type="dapo",
+        num_iterations=cfg.num_iterations, learning_rate=cfg.learning_rate, beta=cfg.kl_beta,
+        epsilon=cfg.clip_epsilon, loss_type="dapo",
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, logging_steps=1,
         save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed, report_to=["mlflow"],
         dataloader_num_workers=0, **device_args(cfg.deepspeed),
@@ -231,12 +232,15 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
             with torch.no_grad():
                 output["ref_per_token_logps"] = self._get_per_token_logps_and_entropies(
                     self.ref_model, ids, mask, completion_ids.size(1))[0]
-        if self.use_vllm and self.vllm_importance_sampling_correction:  # vLLM sampled: weigh tokens as TRL does
+        vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
+        if self.num_iterations > 1 or vllm_weights:  # the sampling policy's log-probs, which later steps clip against
             with torch.no_grad():
                 trainer_logps = self._get_per_token_logps_and_entropies(self.model, ids, mask, completion_ids.size(1))[0]
+            output["old_per_token_logps"] = trainer_logps
+        if vllm_weights:  # vLLM sampled: weigh tokens as TRL does
             sampling_logps = pad([torch.tensor([math.nan if x is None else x for x in (r.payload[2] or [math.nan])])
                                   for r, _ in rows], padding_value=0.0, padding_side="right").to(device)
-            output.update(old_per_token_logps=trainer_logps, sampling_per_token_logps=sampling_logps,
+            output.update(sampling_per_token_logps=sampling_logps,
                           importance_sampling_ratio=vllm_importance_ratio(
                               trainer_logps, sampling_logps, completion_mask, self.vllm_importance_sampling_mode,
                               self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max))
@@ -282,6 +286,12 @@ class RLVRTrainer(StopsAtMaxSteps, EpochOrderedPrompts, GRPOTrainer):
         self.curve.append({"step": self.state.global_step + 1, "responses": self.totals["responses"],
                            "tokens": self.totals["tokens"], **shares,
                            "reward_mean": metrics["rollout/reward_mean"], "solved_share": metrics["rollout/solved_share"]})
+
+    def cost_at(self, step: int) -> dict:
+        """The rollout cost after optimizer step ``step``: the ``curve`` entry of the last rollout at or before it (with
+        ``num_iterations`` > 1 one rollout serves several steps), dated ``step``; {} before the first rollout."""
+        done = [c for c in self.curve if c["step"] <= step]
+        return {**done[-1], "step": step} if done else {}
 
     def training_step(self, model, inputs, num_items_in_batch):
         start = time.perf_counter()

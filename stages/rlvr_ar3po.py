@@ -98,7 +98,6 @@ def main() -> None:
         before = own_choice_accuracy(POLICY, test, cfg.max_new_tokens, params.sandbox)
         after = own_choice_accuracy(OUT, test, cfg.max_new_tokens, params.sandbox)
         totals = dict(trainer.totals)
-        cost = {step["step"]: step for step in trainer.curve}
         metrics = {
             "algo": cfg.algo, "sft_test": before, "rlvr_test": after, "rollout": totals,
             "responses_per_prompt": totals.get("responses", 0) / max(totals.get("prompts", 1), 1),
@@ -109,7 +108,7 @@ def main() -> None:
             "signal_share": totals.get("signal_responses", 0) / max(totals.get("responses", 1), 1),
             "generation_share": totals.get("generation_seconds", 0) / max(
                 totals.get("generation_seconds", 0) + totals.get("training_seconds", 0), 1e-9),
-            "dev_curve": [{"step": s, "dev_accuracy": a, **cost.get(s, {})} for s, a in dev_cb.history],
+            "dev_curve": [{"step": s, "dev_accuracy": a, **trainer.cost_at(s)} for s, a in dev_cb.history],
         }
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({"sft_test_accuracy": before["accuracy"], "rlvr_test_accuracy": after["accuracy"],

@@ -197,6 +197,28 @@ def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, alg
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def test_num_iterations_trains_mu_steps_on_each_rollout_against_its_sampling_policy(tiny, tmp_path):
+    """rlvr.num_iterations 2: a rollout every other optimizer step; its batch carries the sampling policy's log-probs,
+    so TRL's second step clips its ratio against them (without them that ratio is 1 and nothing is clipped); the cost
+    after a step is its last rollout's."""
+    trainer = make_trainer(tiny, tmp_path, "grpo", n_responses=2, num_iterations=2, max_steps=4)
+    trainer.verifier = lambda prompts, completions: [float(len(c) % 2) for c in completions]
+    rollouts, generate = [], trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        batch = generate(inputs)
+        rollouts.append((trainer.state.global_step, batch))
+        return batch
+    trainer._generate_and_score_completions = recorded
+    trainer.train()
+    assert trainer.state.global_step == 4 and [step for step, _ in rollouts] == [0, 2]
+    for _, batch in rollouts:  # taken from the policy that sampled it, before any step on it
+        assert batch["old_per_token_logps"].shape == batch["completion_ids"].shape
+    assert [c["step"] for c in trainer.curve] == [1, 3]
+    assert trainer.cost_at(2) == {**trainer.curve[0], "step": 2} and trainer.cost_at(0) == {}
+    assert trainer.cost_at(4)["responses"] == trainer.totals["responses"] == 2 * 2 * 2  # 2 rollouts x 2 prompts x 2
+
+
 def test_the_rollout_state_marker_is_written_after_the_other_callbacks_files(tiny, tmp_path):
     marker_already_there = []
 
