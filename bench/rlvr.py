@@ -98,17 +98,18 @@ def smoothed(curve: list[dict], width: int = 3) -> list[dict]:
 def signal_responses(run: dict) -> list[float] | None:
     """Cumulative responses with an advantage (the ones a step learns from) at each point of the run's curve, or None
     for runs made before they were counted. Per step the run kept only the share; each step's responses are spread
-    evenly between evaluations, then scaled so the last point is the counted total."""
+    evenly over the rollouts between evaluations (one a step, or one every num_iterations steps), then scaled so the
+    last point is the counted total."""
     if "signal_share" not in run["steps"][0] or "signal_responses" not in run["totals"]:
         return None
-    share = {s["step"]: s["signal_share"] for s in run["steps"]}
     cum, out = 0.0, [0.0]
     for prev, c in zip(run["curve"], run["curve"][1:]):
-        per_step = (c["responses"] - prev["responses"]) / (c["step"] - prev["step"])
-        cum += sum(per_step * share[s] for s in range(prev["step"] + 1, c["step"] + 1))
+        shares = [s["signal_share"] for s in run["steps"] if prev["step"] < s["step"] <= c["step"]]
+        cum += (c["responses"] - prev["responses"]) * statistics.fmean(shares) if shares else 0.0
         out.append(cum)
-    scale = run["totals"]["signal_responses"] / max(out[-1], 1e-9) if run["curve"][-1]["step"] == len(run["steps"]) \
-        else 1.0  # its last evaluation came before its last step: the total counts responses after it
+    scale = run["totals"]["signal_responses"] / max(out[-1], 1e-9) \
+        if run["steps"][-1]["step"] <= run["curve"][-1]["step"] \
+        else 1.0  # its last evaluation came before its last rollout: the total counts responses after it
     return [x * scale for x in out]
 
 
@@ -132,12 +133,13 @@ def plot(runs: list[dict], path: Path) -> None:
         # per step the share jumps in 1/8ths: the mean over seeds and a moving mean over steps show the trend; dashed,
         # its unsolved part (runs that recorded it): the groups AR3PO's reuse is there to give an advantage
         for key, style in (("zero_advantage_share", "-"), ("zero_advantage_unsolved_share", "--")):
-            per_seed = [[p[key] for p in r["steps"]] for r in runs if variant(r) == name and key in r["steps"][0]]
-            if not per_seed:
+            recorded = [r for r in runs if variant(r) == name and key in r["steps"][0]]
+            if not recorded:
                 continue
+            per_seed = [[p[key] for p in r["steps"]] for r in recorded]
             z = [statistics.fmean(col) for col in zip(*per_seed)]
             smooth = [statistics.fmean(z[max(0, j - window + 1):j + 1]) for j in range(len(z))]
-            axes[3].plot(range(1, len(z) + 1), smooth, color=color, linestyle=style,
+            axes[3].plot([p["step"] for p in recorded[0]["steps"]], smooth, color=color, linestyle=style,
                          label=f"{name} ({len(per_seed)} seeds)" if style == "-" else "_nolegend_")
     axes[0].set(xlabel="cumulative generated responses", ylabel="test accuracy (own choice, greedy)")
     axes[1].set(xlabel="cumulative generated tokens", ylabel="test accuracy")
