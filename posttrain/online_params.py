@@ -152,3 +152,12 @@ class RlvrParams(OnlinePolicyParams):
                                                   "policy that sampled it; max_steps counts optimizer steps")
     n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
                                                    "(null = all); reuse needs prompts that come back")
+
+    @model_validator(mode="after")
+    def _checkpoints_between_rollouts(self):
+        # TRL keeps a rollout's batch in memory for its num_iterations steps; resumed from a checkpoint inside that
+        # span it would roll out anew, and the resumed run would train on other responses than the one it resumes
+        if self.save_steps % self.num_iterations:
+            raise ValueError(f"save_steps ({self.save_steps}) must be a multiple of num_iterations "
+                             f"({self.num_iterations}), so every checkpoint falls between two rollouts")
+        return self

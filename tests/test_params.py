@@ -114,6 +114,8 @@ LATE_FAILURES = [
      {"rlvr.prompts_per_step": 8}),
     ("prepare.n_train", 6, "rlhf: prompts_per_step (8) exceeds the training prompts (prepare.n_train: 6)",
      {"rlvr.prompts_per_step": 2, "sft.min_examples": 0}),
+    # a run resumed between a rollout's num_iterations steps rolled out anew: it trained on other responses
+    ("rlvr.save_steps", 41, "rlvr: save_steps (41) must be a multiple of num_iterations (2)", {"rlvr.num_iterations": 2}),
     # stages/sft.py stopped with DataError after the whole DOTS search: it cannot keep more than it searched
     ("sft.min_examples", 241, "sft: min_examples (241) exceeds the questions dots_search searches (240", {}),
     ("sft.min_examples", 31, "sft: min_examples (31) exceeds the questions dots_search searches (30",
@@ -156,6 +158,7 @@ def test_values_that_would_fail_a_later_stage_are_refused(key, bad, expected, co
     {"rlvr.vllm_server_url": "localhost:8000"},  # unread unless rlvr.vllm is server
     {"rlvr.vllm": "server", "rlhf.vllm": "server"},  # the default address
     {"rlvr.k": 2, "rlvr.prompts_per_step": 8, "rlvr.n_prompts": 8},
+    {"rlvr.num_iterations": 2, "rlvr.save_steps": 40},
     {"prepare.n_train": 8, "dots_search.n_questions": None, "sft.min_examples": 8, "rlvr.prompts_per_step": 8},
     {"task.source": "jsonl", "task.jsonl": {"train": "a", "dev": "b", "test": "c"}, "prepare.n_train": 1,
      "dots_search.n_questions": None, "sft.min_examples": 10**6},  # a user's files: their size is unknown here
