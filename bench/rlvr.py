@@ -175,8 +175,8 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     # the dev callback ran on the test split here: accuracy at each eval step with the cost so far
     curve = [{"step": 0, "test_accuracy": None, "responses": 0, "tokens": 0, "zero_advantage_share": 0.0}]
     cost_keys = ("responses", "tokens", "zero_advantage_share")
-    curve += [{"step": s, "test_accuracy": a, **{k: trainer.cost_at(s)[k] for k in cost_keys}}
-              for s, a in dev_cb.history if trainer.cost_at(s)]
+    curve += [{"step": s, "test_accuracy": a, **{k: cost[k] for k in cost_keys}}
+              for s, a in dev_cb.history if (cost := trainer.cost_at(s))]
     gen_s, train_s = totals.get("generation_seconds", 0.0), totals.get("training_seconds", 0.0)
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
