@@ -48,7 +48,8 @@ CHECKPOINTS = Path("checkpoints/rlvr_bench")
 
 def variant(run: dict) -> str:
     """What a run compares as: the algorithm, with the settings that differ between runs of one algorithm, and its
-    steps (its learning rate decays to 0 over them, so a longer run is another schedule, not a continuation)."""
+    steps (a linearly decaying learning rate reaches 0 by the last, so a longer run is another schedule, not a
+    continuation)."""
     seeded = run["algo"] == "ar3po" and run.get("buffer_seed", "none") != "none"  # only ar3po has a buffer
     name = run["algo"] + (" + seeded buffer" if seeded else "")
     schedule = f", k {run['k']} x {run['stages']} stages" if run["algo"] == "ar3po" else ""
@@ -65,7 +66,8 @@ def variant(run: dict) -> str:
     extras += f", {questions:,} training questions" if questions != 3_000 else ""
     mu = run.get("num_iterations", 1)  # runs recorded before --num-iterations took one optimizer step a rollout
     extras += f", {mu} optimizer steps a rollout" if mu != 1 else ""
-    return f"{name}, lr {run['learning_rate']:g}{schedule}{engine}{extras}, {len(run['steps']) * mu} steps"
+    constant = run.get("lr_schedule", "linear") == "constant"  # runs recorded before --lr-schedule all decayed
+    return f"{name}, lr {run['learning_rate']:g}{' constant' if constant else ''}{schedule}{engine}{extras}, {len(run['steps']) * mu} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
@@ -181,7 +183,7 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
-            "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
+            "lr_schedule": cfg.lr_schedule, "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
             "stages": cfg.stages, "vllm": cfg.vllm, "num_iterations": cfg.num_iterations,
             "prompts_per_step": cfg.prompts_per_step, "train_questions": len(train),
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
@@ -258,6 +260,9 @@ def run() -> None:
     ap.add_argument("--learning-rate", type=float, default=None,
                     help="override rlvr.learning_rate (e.g. dapo, whose batches hold no zero-advantage group, "
                          "takes larger steps at the same rate)")
+    ap.add_argument("--lr-schedule", choices=["linear", "constant"], default=None,
+                    help="override rlvr.lr_schedule, every algorithm (constant: no decay toward the last step, so "
+                         "the late steps learn as much as the early ones)")
     ap.add_argument("--buffer-seed", choices=["none", "reference"], default=None,
                     help="override rlvr.buffer_seed (ar3po: start the replay buffer from the verified reference "
                          "solutions)")
@@ -307,7 +312,8 @@ def run() -> None:
         ap.error(f"--policy {args.policy}: no model there (no config.json); run `dvc repro` first, or name a model dir")
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("buffer_seed", args.buffer_seed),
+    overrides = {f"rlvr.{k}": v for k, v in (("learning_rate", args.learning_rate), ("lr_schedule", args.lr_schedule),
+                                             ("buffer_seed", args.buffer_seed),
                                              ("zero_advantage_groups", args.zero_advantage_groups), ("k", args.k),
                                              ("stages", args.stages), ("vllm", args.vllm),
                                              ("prompts_per_step", args.prompts_per_step),

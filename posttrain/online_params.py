@@ -150,6 +150,9 @@ class RlvrParams(OnlinePolicyParams):
     num_iterations: int = Field(ge=1, description="optimizer steps on each rollout (TRL's num_iterations, GRPO's mu): "
                                                   "a rollout every mu steps, the later steps clipped against the "
                                                   "policy that sampled it; max_steps counts optimizer steps")
+    lr_schedule: Literal["linear", "constant"] = Field(
+        description="the learning rate over max_steps: linear decay to 0 (TRL's default, so a longer run is another "
+                    "schedule, not a continuation) or constant at learning_rate")
     n_prompts: int | None = Field(ge=1, description="train on the first n training questions for several epochs "
                                                    "(null = all); reuse needs prompts that come back")
 

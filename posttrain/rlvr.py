@@ -104,7 +104,8 @@ def rlvr_config(cfg, out: str | Path, seed: int) -> CredentialFreeGRPOConfig:
     return CredentialFreeGRPOConfig(
         output_dir=str(out), max_steps=cfg.max_steps, num_generations=group,
         per_device_train_batch_size=cfg.prompts_per_step * group, gradient_accumulation_steps=1,
-        num_iterations=cfg.num_iterations, learning_rate=cfg.learning_rate, beta=cfg.kl_beta,
+        num_iterations=cfg.num_iterations, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_schedule,
+        beta=cfg.kl_beta,
         epsilon=cfg.clip_epsilon, loss_type="dapo",
         temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens, logging_steps=1,
         save_steps=cfg.save_steps, save_total_limit=2, seed=seed, data_seed=seed, report_to=["mlflow"],

@@ -219,6 +219,20 @@ def test_num_iterations_trains_mu_steps_on_each_rollout_against_its_sampling_pol
     assert trainer.cost_at(4)["responses"] == trainer.totals["responses"] == 2 * 2 * 2  # 2 rollouts x 2 prompts x 2
 
 
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_lr_schedule_decays_to_zero_or_holds_the_learning_rate(tiny, tmp_path, schedule):
+    """rlvr.lr_schedule: linear (TRL's default) steps the rate down toward 0 by max_steps; constant keeps it."""
+    trainer = make_trainer(tiny, tmp_path, "grpo", n_responses=2, max_steps=3, lr_schedule=schedule)
+    trainer.train()
+    rates = [log["learning_rate"] for log in trainer.state.log_history if "learning_rate" in log]
+    peak = trainer.args.learning_rate
+    assert len(rates) == 3
+    if schedule == "constant":
+        assert rates == [peak] * 3
+    else:
+        assert rates == pytest.approx([peak, peak * 2 / 3, peak / 3])
+
+
 def test_the_rollout_state_marker_is_written_after_the_other_callbacks_files(tiny, tmp_path):
     marker_already_there = []
 
