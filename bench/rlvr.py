@@ -66,8 +66,9 @@ def variant(run: dict) -> str:
     extras += f", {questions:,} training questions" if questions != 3_000 else ""
     mu = run.get("num_iterations", 1)  # runs recorded before --num-iterations took one optimizer step a rollout
     extras += f", {mu} optimizer steps a rollout" if mu != 1 else ""
-    constant = run.get("lr_schedule", "linear") == "constant"  # runs recorded before --lr-schedule all decayed
-    return f"{name}, lr {run['learning_rate']:g}{' constant' if constant else ''}{schedule}{engine}{extras}, {len(run['steps']) * mu} steps"
+    # runs recorded before --lr-schedule all decayed linearly
+    rate = f"{run['learning_rate']:g}" + (" constant" if run.get("lr_schedule", "linear") == "constant" else "")
+    return f"{name}, lr {rate}{schedule}{engine}{extras}, {len(run['steps']) * mu} steps"
 
 
 def reach(curve: list[dict], target: float, key: str) -> float | None:
@@ -183,8 +184,9 @@ def one_run(params, algo: str, seed: int, steps: int, eval_every: int, train, te
     shares = ("zero_advantage_share", "zero_advantage_unsolved_share", "signal_share")
     steps = [{"step": c["step"], **{k: c[k] for k in shares}} for c in trainer.curve]
     return {"algo": algo, "seed": seed, "policy": policy, "learning_rate": cfg.learning_rate,
-            "lr_schedule": cfg.lr_schedule, "buffer_seed": cfg.buffer_seed, "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k,
-            "stages": cfg.stages, "vllm": cfg.vllm, "num_iterations": cfg.num_iterations,
+            "lr_schedule": cfg.lr_schedule, "buffer_seed": cfg.buffer_seed,
+            "zero_advantage_groups": cfg.zero_advantage_groups, "k": cfg.k, "stages": cfg.stages, "vllm": cfg.vllm,
+            "num_iterations": cfg.num_iterations,
             "prompts_per_step": cfg.prompts_per_step, "train_questions": len(train),
             "curve": curve, "steps": steps, "final_test": final, "totals": totals,
             "responses_per_prompt": totals["responses"] / max(totals["prompts"], 1),
