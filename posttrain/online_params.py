@@ -137,7 +137,7 @@ class RlvrParams(OnlinePolicyParams):
     algo: Literal["ar3po", "grpo", "dapo"] = Field(description="rollout: adaptive + reuse, fixed n, or dynamic sampling")
     n_responses: int = Field(ge=2, description="grpo / dapo: responses per prompt")
     stages: int = Field(ge=1, description="ar3po: S, rollout stages for prompts still without a correct response")
-    k: int = Field(ge=2, description="ar3po: responses per active prompt per stage (TRL's num_generations: >= 2)")
+    k: int = Field(ge=1, description="ar3po: responses per active prompt per stage (k = 1: one at a time)")
     buffer_cap: int = Field(ge=1, description="ar3po: correct responses kept per prompt in the replay buffer")
     buffer_seed: Literal["none", "reference"] = Field(
         description="ar3po: the replay buffer before step 1: empty, or each training question's reference solution "

@@ -100,7 +100,9 @@ def reference_responses(records: list[dict], verifier: VerifierReward, tokenizer
 
 def rlvr_config(cfg, out: str | Path, seed: int) -> CredentialFreeGRPOConfig:
     """TRL's GRPO settings from the ``rlvr`` params: ``num_iterations`` optimiser steps per rollout, clipped, with KL."""
-    group = cfg.k if cfg.algo == "ar3po" else cfg.n_responses
+    # TRL's sampler repeats each prompt num_generations (>= 2) times; the rollout override takes each prompt once and
+    # gives it k responses a stage, so for ar3po this only sizes the batch of prompts
+    group = max(cfg.k, 2) if cfg.algo == "ar3po" else cfg.n_responses
     return CredentialFreeGRPOConfig(
         output_dir=str(out), max_steps=cfg.max_steps, num_generations=group,
         per_device_train_batch_size=cfg.prompts_per_step * group, gradient_accumulation_steps=1,

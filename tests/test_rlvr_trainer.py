@@ -197,6 +197,24 @@ def test_every_algo_trains_and_checkpoints_its_rollout_state(tiny, tmp_path, alg
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def test_ar3po_with_one_response_a_stage_rolls_out_each_prompt_once_a_stage(tiny, tmp_path):
+    # TRL needs num_generations >= 2, so k = 1 runs under a sampler that repeats each prompt: the rollout must still
+    # see prompts_per_step distinct prompts and give each at most one response a stage
+    trainer = make_trainer(tiny, tmp_path, "ar3po", k=1, stages=3, buffer_seed="none")
+    calls = []
+    sample = trainer._sample_across_processes
+
+    def counted(prompts, k):
+        calls.append((list(prompts), k))
+        return sample(prompts, k)
+    trainer._sample_across_processes = counted
+    trainer.verifier = lambda prompts, completions: [float(len(c) % 2) for c in completions]
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.totals["prompts"] == 2 * 2  # prompts_per_step 2, 2 steps
+    assert calls and all(k == 1 and len(prompts) == len(set(prompts)) for prompts, k in calls)
+    assert trainer.totals["responses"] == sum(len(prompts) for prompts, _ in calls) <= 2 * 2 * 3
+
+
 def test_num_iterations_trains_mu_steps_on_each_rollout_against_its_sampling_policy(tiny, tmp_path):
     """rlvr.num_iterations 2: a rollout every other optimizer step; its batch carries the sampling policy's log-probs,
     so TRL's second step clips its ratio against them (without them that ratio is 1 and nothing is clipped); the cost

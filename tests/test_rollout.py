@@ -34,18 +34,21 @@ def scheduled_policy(first_correct_call: dict[str, int | None]):
     return sample
 
 
-def test_adaptive_rollout_prompts_leave_at_their_first_correct_stage():
+@pytest.mark.parametrize("k", [1, 2])
+def test_adaptive_rollout_prompts_leave_at_their_first_correct_stage(k):
     schedule = {"s1": 1, "s2": 2, "s3": 3, "never": None}
-    groups, stats = adaptive_rollout(list(schedule), stages=3, k=2, sample=scheduled_policy(schedule),
+    groups, stats = adaptive_rollout(list(schedule), stages=3, k=k, sample=scheduled_policy(schedule),
                                      buffer=ReplayBuffer(cap=2))
-    assert {p: len(rs) for p, rs in groups.items()} == {"s1": 2, "s2": 4, "s3": 6, "never": 6}
-    assert stats.generated == 18 and stats.rounds == 3 and stats.tokens == 18 * 5
-    assert dict(stats.per_prompt) == {"s1": 2, "s2": 4, "s3": 6, "never": 6}
+    stages_taken = {"s1": 1, "s2": 2, "s3": 3, "never": 3}
+    assert {p: len(rs) for p, rs in groups.items()} == {p: k * n for p, n in stages_taken.items()}
+    assert stats.generated == 9 * k and stats.rounds == 3 and stats.tokens == 9 * k * 5
+    assert dict(stats.per_prompt) == {p: k * n for p, n in stages_taken.items()}
 
 
-def test_adaptive_rollout_mean_responses_match_the_closed_form():
+@pytest.mark.parametrize("k", [1, 2])
+def test_adaptive_rollout_mean_responses_match_the_closed_form(k):
     """With success probability q per response, E[responses] = k * sum_{s<S} (1-q)^(k s)."""
-    S, k, q, n = 4, 2, 0.3, 4000
+    S, q, n = 4, 0.3, 4000
     prompts = [f"p{i}" for i in range(n)]
     sample, _ = stub_policy({p: q for p in prompts}, seed=1)
     groups, stats = adaptive_rollout(prompts, stages=S, k=k, sample=sample, buffer=ReplayBuffer(cap=4))
