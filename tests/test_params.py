@@ -107,7 +107,7 @@ LATE_FAILURES = [
      {"rlvr.vllm": "server"}),
     ("rlhf.vllm_server_url", "http:///", "rlhf.vllm_server_url: expected an http:// or https:// URL",
      {"rlhf.vllm": "server"}),
-    # GRPOConfig raised "GRPO requires at least 2 generations per prompt" as rlvr_ar3po started
+    # zero responses a stage would leave every prompt without a rollout; k = 1 is valid (one response a stage)
     ("rlvr.k", 0, "rlvr.k: got 0, expected greater than or equal to 1", {}),
     # RepeatSampler made no full batch: training stopped at step 0 and saved the SFT policy as models/rlvr
     ("rlvr.n_prompts", 4, "rlvr: prompts_per_step (8) exceeds the training prompts (rlvr.n_prompts: 4)",
