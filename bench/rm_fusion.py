@@ -11,7 +11,10 @@ Fast models, none fitted on the benchmark:
   the predictive score of a two-member ensemble;
 - ``product``: the product of the two experts (logit g/u + m), routed by -|logit|;
 - ``*_disagree_first``: the same decision, but the pairs where the PM and the pointwise RM pick different sides
-  are routed before any other (then by the model's own score).
+  are routed before any other (then by the model's own score);
+- with ``train_rm.reference_lm`` (the PM's logit joined with a reference LM's likelihood ratio, so ``pm`` is the
+  joined PM): ``pm_head_alone``, the PM's own head routed by its own predictive score, and ``likelihood_ratio``,
+  l_A - l_B alone, routed by -|l_A - l_B|.
 
     python3 bench/rm_fusion.py            # after `dvc repro train_rm`; writes reports/bench/rm_fusion.json
 
@@ -33,11 +36,14 @@ from posttrain.tracking import bench_run
 from posttrain.uncertainty import calibrated_logit, pair_uncertainty
 
 SCORES, OUT = Path("reports/rm/benchmark_scores.jsonl"), Path("reports/bench/rm_fusion.json")
+METRICS = Path("reports/metrics/train_rm.json")
 BUDGETS, RANDOM_SEEDS = [0.05, 0.1, 0.2, 0.4], list(range(5))
 
 
-def fast_models(rows: list[dict], lam: float, score: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per fast model, (decision logit, routing score: higher is routed first) on ``rows`` (decisive pairs)."""
+def fast_models(rows: list[dict], lam: float, score: str,
+                weight_pm: float | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per fast model, (decision logit, routing score: higher is routed first) on ``rows`` (decisive pairs);
+    ``weight_pm``: a in the joined PM's a * g + b * (l_A - l_B), when train_rm joined one."""
     g, var, m = (torch.tensor([r[k] for r in rows]) for k in ("g", "var", "pointwise_margin"))
     g_cal = calibrated_logit(g, var, lam)[0]
     p_pm = torch.sigmoid(g_cal)
@@ -47,18 +53,24 @@ def fast_models(rows: list[dict], lam: float, score: str) -> dict[str, tuple[tor
     u_pm, u_mix = pair_uncertainty(g, var, lam, score), 1 - (2 * p_mix - 1).abs()
     mixture = torch.logit(p_mix.clamp(1e-6, 1 - 1e-6))
     # the scores are bounded below 1e3, so adding 1e3 puts every disagreement ahead of every agreement
-    return {"pm": (g, u_pm), "pointwise": (m, -m.abs()), "mixture": (mixture, u_mix),
-            "product": (product, -product.abs()), "pm_disagree_first": (g, 1e3 * disagree + u_pm),
-            "pointwise_disagree_first": (m, 1e3 * disagree - m.abs()),
-            "mixture_disagree_first": (mixture, 1e3 * disagree + u_mix)}
+    models = {"pm": (g, u_pm), "pointwise": (m, -m.abs()), "mixture": (mixture, u_mix),
+              "product": (product, -product.abs()), "pm_disagree_first": (g, 1e3 * disagree + u_pm),
+              "pointwise_disagree_first": (m, 1e3 * disagree - m.abs()),
+              "mixture_disagree_first": (mixture, 1e3 * disagree + u_mix)}
+    if weight_pm is not None:
+        g_alone, ratio = (torch.tensor([r[k] for r in rows]) for k in ("g_pm_alone", "likelihood_ratio"))
+        # the stage scales the head's variances by a^2 with its g: undone here
+        models["pm_head_alone"] = (g_alone, pair_uncertainty(g_alone, var / weight_pm ** 2, lam, score))
+        models["likelihood_ratio"] = (ratio, -ratio.abs())
+    return models
 
 
-def fusion_report(rows: list[dict], lam: float, score: str) -> dict:
+def fusion_report(rows: list[dict], lam: float, score: str, weight_pm: float | None = None) -> dict:
     """Per fast model: accuracy, the gap closed by its routing and by random routing at each budget, and the
     oracle's ceiling at 10%."""
     labels = [r["label"] for r in rows]
     label_a = torch.tensor([label == "A" for label in labels])
-    out, models = {}, fast_models(rows, lam, score)
+    out, models = {}, fast_models(rows, lam, score, weight_pm)
     for name, (logit, u) in models.items():
         summary = summarize_curve(routing_curve(labels, logit, u, labels, BUDGETS, RANDOM_SEEDS))
         errors = int(((logit > 0) != label_a).sum())
@@ -83,7 +95,8 @@ def run() -> None:
         raise SystemExit(f"{args.scores}: no benchmark scores; run `dvc repro train_rm` first")
     params = load_params()
     rows = [r for r in read_jsonl(args.scores) if r["label"] != "tie"]
-    report = fusion_report(rows, params.train_rm.uncertainty_lambda, params.train_rm.uncertainty_score)
+    weight_pm = json.loads(METRICS.read_text()).get("likelihood_weight_pm") if METRICS.exists() else None
+    report = fusion_report(rows, params.train_rm.uncertainty_lambda, params.train_rm.uncertainty_score, weight_pm)
     overlap = report.pop("overlap")
     print(f"{overlap['decisive']} decisive pairs; the PM and the pointwise RM pick different sides on "
           f"{overlap['disagree']}, both are wrong on {overlap['both_wrong']}\n")

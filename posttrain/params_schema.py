@@ -192,6 +192,8 @@ class RewardModelParams(TrainingParams):
                                                      "1/2); 0 = decisive pairs only, the paper's Bradley-Terry")
     pointwise_max_steps: int = Field(ge=1, description="steps of the pointwise Bradley-Terry RM baseline (TRL RewardTrainer)")
     eval_batch_size: int = Field(ge=1, description="pairs per scoring batch")
+    reference_lm: str | None = Field(description="a causal LM of right solutions (models/warmup) whose log-likelihood "
+                                                 "ratio l_A - l_B joins the PM's logit; null = the PM alone")
 
     @model_validator(mode="after")
     def _uncertainty_varies(self):

@@ -6,6 +6,9 @@ Trained with the Bradley-Terry cross-entropy on every pair in both orders (label
 transformers' Trainer (checkpoints, resume, MLflow logging). Saved as a Hugging Face backbone directory
 (loads with ``AutoModel.from_pretrained``) plus ``preference_head.safetensors`` and ``preference_head.json``.
 
+With a reference LM attached (``train_rm.reference_lm``, ``posttrain.reference_likelihood``) the PM's logit is
+``a * g + b * (l_A - l_B)``, its variances scaled by a^2 as g is; the reference LM is saved in ``reference_lm/``.
+
 Example:
     >>> pm = PreferenceModel.from_pretrained("models/rm")                         # doctest: +SKIP
     >>> g, var = pm.score([("Compute 2 + 3.", "Answer: 5", "Answer: 6")])         # doctest: +SKIP
@@ -24,9 +27,11 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+from posttrain.reference_likelihood import ReferenceLikelihood
 from posttrain.uncertainty import RandomFeatureGPHead, build_head, pair_uncertainty
 
 HEAD_WEIGHTS, HEAD_CONFIG = "preference_head.safetensors", "preference_head.json"
+REFERENCE_DIR = "reference_lm"
 
 
 def tail(tokenizer, text: str, max_tokens: int) -> str:
@@ -78,6 +83,12 @@ class PreferenceModel(nn.Module):
         self.head_cfg = {k: getattr(head_cfg, k) for k in
                          ("random_features", "feature_scale", "ridge", "dropout", "mc_samples", "ensemble_size")}
         self.head = build_head(estimator, 2 * backbone.config.hidden_size, head_cfg)
+        self.reference: ReferenceLikelihood | None = None
+        self.likelihood_weights: tuple[float, float] | None = None
+
+    def attach_reference(self, reference: ReferenceLikelihood, weights: tuple[float, float]) -> None:
+        """From now on score with ``a * g + b * (l_A - l_B)``, (a, b) = ``weights`` (``fit_likelihood_weights``)."""
+        self.reference, self.likelihood_weights = reference, (float(weights[0]), float(weights[1]))
 
     @classmethod
     def from_backbone(cls, path: str, cfg) -> "PreferenceModel":
@@ -150,7 +161,17 @@ class PreferenceModel(nn.Module):
     def score_orders(self, triples: list[tuple[str, str, str]],
                      batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(g, var_ab, var_ba) for (question, A, B): the antisymmetrised g = (s(A,B) - s(B,A)) / 2 and each order's
-        variance."""
+        variance; with a reference LM attached, g joined with the likelihood ratio (see the module's doc)."""
+        g, v_ab, v_ba = self.score_orders_alone(triples, batch_size)
+        if self.reference is None:
+            return g, v_ab, v_ba
+        a, b = self.likelihood_weights
+        return a * g + b * self.reference.ratio(triples), a * a * v_ab, a * a * v_ba
+
+    @torch.no_grad()
+    def score_orders_alone(self, triples: list[tuple[str, str, str]],
+                           batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``score_orders`` of the PM's own head, without the reference LM."""
         g_ab, v_ab = self.head.predict(self.features(triples, batch_size))
         g_ba, v_ba = self.head.predict(self.features([(q, b, a) for q, a, b in triples], batch_size))
         return (g_ab - g_ba) / 2, v_ab, v_ba
@@ -172,9 +193,12 @@ class PreferenceModel(nn.Module):
         self.backbone.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, path / HEAD_WEIGHTS)
+        if self.reference is not None:
+            self.reference.save_pretrained(path / REFERENCE_DIR)
         (path / HEAD_CONFIG).write_text(json.dumps(
             {"estimator": self.estimator, "max_response_tokens": self.max_response_tokens,
-             "uncertainty_lambda": self.lam, "uncertainty_score": self.uncertainty_score, **self.head_cfg}, indent=1))
+             "uncertainty_lambda": self.lam, "uncertainty_score": self.uncertainty_score,
+             "likelihood_weights": self.likelihood_weights, **self.head_cfg}, indent=1))
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "PreferenceModel":
@@ -184,4 +208,6 @@ class PreferenceModel(nn.Module):
                  SimpleNamespace(**cfg), cfg["max_response_tokens"], cfg["uncertainty_lambda"],
                  cfg.get("uncertainty_score", "variance"))
         pm.head.load_state_dict(load_file(path / HEAD_WEIGHTS))
+        if cfg.get("likelihood_weights") is not None:
+            pm.attach_reference(ReferenceLikelihood.from_pretrained(path / REFERENCE_DIR), cfg["likelihood_weights"])
         return pm.eval()

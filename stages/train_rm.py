@@ -4,6 +4,8 @@ measured on the held-out preference benchmark.
 1. PM (models/rm): the SFT model's transformer + the ``train_rm.estimator`` head (ensemble by default), trained
    with the Bradley-Terry loss on data/seppo/pairs.jsonl in both orders, and on ``train_rm.tie_share`` of its rows
    from data/seppo/tie_pairs.jsonl with target 1/2; for sngp one more pass accumulates the Laplace precision.
+   With ``train_rm.reference_lm`` (models/warmup) its logit is joined with that LM's log-likelihood ratio, the
+   two weights fitted on the decisive training pairs (``posttrain.reference_likelihood``).
    Loads with ``PreferenceModel.from_pretrained("models/rm")``.
 2. Pointwise RM (models/rm_pointwise): TRL RewardTrainer on the same pairs, an ordinary
    ``AutoModelForSequenceClassification`` with one label.
@@ -31,6 +33,7 @@ from posttrain.jsonl import read_jsonl
 from posttrain.params import load_params
 from posttrain.preference_model import reduce_variance
 from posttrain.preference_training import pointwise_scores, train_pointwise_rm, train_preference_model
+from posttrain.reference_likelihood import ReferenceLikelihood, fit_likelihood_weights
 from posttrain.task.records import DataError
 from posttrain.tracking import stage_run
 from posttrain.uncertainty import calibrated_logit, pair_uncertainty
@@ -98,10 +101,26 @@ def benchmark_report(pairs: list[dict], g: torch.Tensor, var: torch.Tensor, lam:
     return metrics, curves
 
 
+def join_reference(pm, reference_lm: str, pairs: list[dict], batch_size: int) -> dict:
+    """Attach ``reference_lm`` to the PM with (a, b) fitted on the decisive training pairs; the fit's figures."""
+    reference = ReferenceLikelihood.from_pretrained(reference_lm, batch_size)
+    triples = [(p["question"], p["chosen"], p["rejected"]) for p in pairs]
+    g, _, _ = pm.score_orders_alone(triples, batch_size)
+    ratio = reference.ratio(triples)
+    a, b = fit_likelihood_weights(g, ratio)
+    pm.attach_reference(reference, (a, b))
+    return {"likelihood_weight_pm": a, "likelihood_weight_ratio": b,
+            "train_pairs_pm_alone_accuracy": float((g > 0).float().mean()),
+            "train_pairs_ratio_accuracy": float((ratio > 0).float().mean()),
+            "train_pairs_joined_accuracy": float((a * g + b * ratio > 0).float().mean())}
+
+
 @stage_main
 def main() -> None:
     params = load_params()
     cfg = params.train_rm
+    if cfg.reference_lm and not Path(cfg.reference_lm).is_dir():  # before the PM's training, not after it
+        raise DataError(f"train_rm.reference_lm: {cfg.reference_lm!r} is not a model directory (null = the PM alone)")
     with stage_run("train_rm", params, sections=["seed", "train_rm"]):
         pairs = read_jsonl(PAIRS)
         if not pairs:
@@ -116,6 +135,11 @@ def main() -> None:
         # 1. the pairwise PM (+ its uncertainty posterior)
         pm = train_preference_model(SFT, pairs, cfg, CHECKPOINTS / "pm", key_files=[PAIRS, TIES], seed=params.seed,
                                     ties=ties, curve=CURVE_DIR / "train_rm_pm.csv")
+        joined = join_reference(pm, cfg.reference_lm, pairs, cfg.eval_batch_size) if cfg.reference_lm else {}
+        if joined:
+            mlflow.log_metrics(joined)
+            print(f"train_rm: the PM's logit joined with {cfg.reference_lm}'s likelihood ratio: "
+                  f"{joined['likelihood_weight_pm']:.3f} g + {joined['likelihood_weight_ratio']:.3f} (l_A - l_B)")
         with atomic_dir(PM_OUT) as tmp:
             pm.save_pretrained(tmp)
         # 2. the pointwise baseline
@@ -136,6 +160,13 @@ def main() -> None:
         metrics, curves = benchmark_report(bench, g, var, cfg.uncertainty_lambda, [a - b for a, b in zip(r_a, r_b)],
                                            cfg.uncertainty_score)
         metrics["pm_pairs_per_s"] = pairs_per_s
+        g_alone, ratio = g, torch.zeros_like(g)
+        if pm.reference is not None:  # each part alone, beside the joined PM
+            g_alone, ratio = pm.score_orders_alone(triples, cfg.eval_batch_size)[0], pm.reference.ratio(triples)
+            decisive = [i for i, p in enumerate(bench) if p["label"] != "tie"]
+            for name, x in (("pm_alone_accuracy", g_alone), ("reference_ratio_accuracy", ratio)):
+                metrics[name] = sum((x[i] > 0).item() == (bench[i]["label"] == "A") for i in decisive) / len(decisive)
+            metrics.update(joined)
         with atomic_dir(REPORTS) as tmp:
             plot_reliability(curves["reliability"], tmp / "reliability.png",
                              f"Preference benchmark ({metrics['n_decisive']} decisive pairs)")
@@ -144,14 +175,17 @@ def main() -> None:
             (tmp / "curves.json").write_text(json.dumps(curves, indent=1))
             (tmp / "benchmark_scores.jsonl").write_text("".join(
                 json.dumps({"id": p["id"], "kind": p["kind"], "label": p["label"], "g": gi, "var": vi,
-                            "var_ab": v1, "var_ba": v2, "pointwise_margin": a - b}) + "\n"
-                for p, gi, vi, v1, v2, a, b in zip(bench, g.tolist(), var.tolist(), var_ab.tolist(), var_ba.tolist(),
-                                                   r_a, r_b)))
+                            "var_ab": v1, "var_ba": v2, "pointwise_margin": a - b, "g_pm_alone": ga,
+                            "likelihood_ratio": lr}) + "\n"
+                for p, gi, vi, v1, v2, a, b, ga, lr in zip(bench, g.tolist(), var.tolist(), var_ab.tolist(),
+                                                           var_ba.tolist(), r_a, r_b, g_alone.tolist(), ratio.tolist())))
         atomic_write_json(METRICS, metrics)
         mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(metrics, "train_rm.json")
         mlflow.log_artifacts(str(REPORTS), "rm")
-        print(f"train_rm: PM accuracy {metrics['pm_accuracy']:.3f} (pointwise {metrics['pointwise_accuracy']:.3f}), "
+        alone = (f" (its head alone {metrics['pm_alone_accuracy']:.3f}, the likelihood ratio alone "
+                 f"{metrics['reference_ratio_accuracy']:.3f})" if pm.reference is not None else "")
+        print(f"train_rm: PM accuracy {metrics['pm_accuracy']:.3f}{alone} (pointwise {metrics['pointwise_accuracy']:.3f}), "
               f"ECE raw {metrics['pm_ece_raw']:.3f} -> calibrated {metrics['pm_ece_calibrated']:.3f}, "
               f"Spearman(uncertainty, correct) {metrics['spearman_uncertainty_correct']:.3f} ({cfg.uncertainty_score}; "
               f"variance alone {metrics['spearman_variance_correct']:.3f}), {pairs_per_s:.1f} pairs/s")
