@@ -102,6 +102,10 @@ def test_preference_stages_write_pairs_models_and_figures(repro):
     pm = PreferenceModel.from_pretrained(repo / "models/rm")
     g, var = pm.score([(bench[0]["question"], bench[0]["a"], bench[0]["b"])])
     assert g.shape == var.shape == (1,)
+    # train_rm.reference_lm: the warm-up model travels inside models/rm, with the weights fitted on the pairs
+    assert pm.reference is not None and pm.likelihood_weights == (metrics["likelihood_weight_pm"],
+                                                                 metrics["likelihood_weight_ratio"])
+    assert all(0 <= metrics[k] <= 1 for k in ("pm_alone_accuracy", "reference_ratio_accuracy"))
     assert AutoModel.from_pretrained(repo / "models/rm").config.hidden_size == pm.backbone.config.hidden_size
     assert AutoModelForSequenceClassification.from_pretrained(repo / "models/rm_pointwise").config.num_labels == 1
 
