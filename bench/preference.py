@@ -41,7 +41,7 @@ from posttrain.routing import upper_pairs
 from posttrain.routing_eval import routing_curve, summarize_curve
 from routing_online import draw_fingerprint, draw_records, kept_draw
 from stages.rlhf_routed import DATA
-from stages.train_rm import BENCHMARK, PAIRS, SFT, TIES, benchmark_report
+from stages.train_rm import BENCHMARK, PAIRS, SFT, TIES, benchmark_report, join_reference
 
 OUT = Path("reports/bench/preference.json")
 KEYS = ("pm_accuracy", "pointwise_accuracy", "pm_ece_raw", "pm_ece_calibrated", "spearman_uncertainty_correct",
@@ -177,6 +177,8 @@ def run() -> None:
             with tempfile.TemporaryDirectory() as ckpt:
                 model = train_preference_model(SFT, pairs, cfg, Path(ckpt), key_files=[PAIRS, TIES],
                                                seed=seed, ties=ties)
+            if cfg.reference_lm:  # joined as the stage joins it (`--variant reference_lm=null`: the head alone)
+                join_reference(model, cfg.reference_lm, pairs, cfg.eval_batch_size)
             name = ",".join(f"{k}={v}" for k, v in update.items()) + ("" if args.seed is None else f",seed={args.seed}")
             name += ",balance_forms" * args.balance_forms
             if args.save_dir:
