@@ -18,11 +18,7 @@ from posttrain.task.records import DataError
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
 from posttrain.uncertainty import EnsembleHead, MCDropoutHead, RandomFeatureGPHead, calibrated_logit, pair_uncertainty
-from tiny_model import tiny_scratch_model
-
-HEAD_CFG = SimpleNamespace(random_features=128, feature_scale=1.0, ridge=1e-3, dropout=0.1, mc_samples=4,
-                           ensemble_size=3, estimator="sngp", max_response_tokens=64, uncertainty_lambda=10.0,
-                           uncertainty_score="predictive")
+from tiny_model import HEAD_CFG, tiny_scratch_model
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,12 @@ from posttrain.preference_model import PreferenceModel
 from posttrain.reference_likelihood import ReferenceLikelihood, fit_likelihood_weights
 from posttrain.task.solutions import render_response
 from posttrain.trajectories import BY_NAME, prompt
-from tiny_model import tiny_scratch_model
-
-HEAD_CFG = SimpleNamespace(random_features=64, feature_scale=1.0, ridge=1e-3, dropout=0.1, mc_samples=4,
-                           ensemble_size=3, estimator="ensemble", max_response_tokens=64, uncertainty_lambda=10.0,
-                           uncertainty_score="predictive")
+from tiny_model import HEAD_CFG, tiny_scratch_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """12 problems of a tiny scratch Llama, its own: one test here trains a copy of it."""
     return tiny_scratch_model(tmp_path_factory.mktemp("tiny_reference"), n_problems=12, seed=5)
 
 
@@ -95,7 +92,7 @@ def test_the_fit_weighs_the_feature_that_carries_the_label():
 
 def test_a_pm_with_a_reference_scores_the_weighted_sum_and_keeps_it_on_disk(tiny, tmp_path):
     torch.manual_seed(1)
-    pm = PreferenceModel.from_backbone(tiny.path, HEAD_CFG)
+    pm = PreferenceModel.from_backbone(tiny.path, SimpleNamespace(**{**vars(HEAD_CFG), "estimator": "ensemble"}))
     for p in pm.head.parameters():  # a non-trivial head
         torch.nn.init.normal_(p, std=1.0)
     q = tiny.problems[0].question

@@ -10,6 +10,12 @@ from posttrain.task.solutions import render_response
 from posttrain.trajectories import TRAJECTORIES, prompt
 
 
+# PM head settings for tests on the tiny model: small enough to fit in a second, each estimator's knobs set
+HEAD_CFG = SimpleNamespace(random_features=128, feature_scale=1.0, ridge=1e-3, dropout=0.1, mc_samples=4,
+                           ensemble_size=3, estimator="sngp", max_response_tokens=64, uncertainty_lambda=10.0,
+                           uncertainty_score="predictive")
+
+
 def tiny_scratch_model(path: Path, n_problems: int, seed: int) -> SimpleNamespace:
     """(path, tok, model, problems, records): 1 layer, width 32, a 300-token BPE on every trajectory of the
     problems; ``records`` are the problems as dataset rows (id, question, answer, difficulty, domain fields)."""
